@@ -1,0 +1,118 @@
+"""Causal multi-head self-attention written with `torch.einsum` throughout.
+
+Every contraction names its indices, so the shapes are on the page: `b` batch, `t`/`s` query/key
+position, `h` head, `d` head feature, `c` input feature. The widely copied einsum version took the
+softmax over the heads dimension (`dim=1` of a `(B, H, T, T)` tensor), so each weight was
+normalised across heads instead of across keys; here the softmax runs over the key index `s`.
+"""
+
+import math
+
+import torch
+from torch import nn
+
+
+class EinsumAttention(nn.Module):
+    """Causal multi-head self-attention in einsum notation: `(B, T, d_in) -> (B, T, d_out)`.
+
+    Args:
+        d_in: features of the input `x`.
+        d_out: features of the output; split into `num_heads` heads of `d_out // num_heads`.
+        context_length: longest sequence accepted; sizes the `causal_mask` buffer.
+        dropout: probability of zeroing an attention weight in training.
+        num_heads: number of heads.
+        qkv_bias: add a bias to the query, key and value projections.
+    """
+
+    position_encoding = None
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__()
+        check_init_args(d_in, d_out, context_length, dropout, num_heads)
+        self.d_in, self.d_out, self.context_length = d_in, d_out, context_length
+        self.num_heads, self.head_dim, self.qkv_bias = num_heads, d_out // num_heads, qkv_bias
+        # Linear layers only hold the parameters (and their usual initialisation); einsum applies them.
+        self.query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.out = nn.Linear(d_out, d_out)
+        self.dropout = nn.Dropout(dropout)
+        causal_mask = torch.ones(context_length, context_length, dtype=torch.bool).tril()  # True = attend
+        self.register_buffer("causal_mask", causal_mask, persistent=False)
+
+    def project_heads(self, x, layer):
+        """`(B, T, d_in) -> (B, H, T, D)` through `layer`'s weight viewed as `(H, D, d_in)`."""
+        weight = layer.weight.view(self.num_heads, self.head_dim, self.d_in)  # (H, D, C)
+        projected = torch.einsum("btc,hdc->bhtd", x, weight)  # (B, H, T, D)
+        if layer.bias is not None:
+            projected = projected + layer.bias.view(1, self.num_heads, 1, self.head_dim)
+        return projected
+
+    def forward(self, x):
+        check_input(x, self.d_in, self.context_length)
+        B, T, C = x.shape
+        q = self.project_heads(x, self.query)  # (B, H, T, D)
+        k = self.project_heads(x, self.key)  # (B, H, S=T, D)
+        v = self.project_heads(x, self.value)  # (B, H, S=T, D)
+
+        scores = torch.einsum("bhtd,bhsd->bhts", q, k) / math.sqrt(self.head_dim)  # (B, H, T, S)
+        scores = scores.masked_fill(~self.causal_mask[:T, :T], float("-inf"))
+        attn_weights = self.dropout(torch.softmax(scores, dim=-1))  # softmax over keys s: (B, H, T, S)
+
+        context = torch.einsum("bhts,bhsd->bthd", attn_weights, v)  # (B, T, H, D)
+        out_weight = self.out.weight.view(self.d_out, self.num_heads, self.head_dim)  # (d_out, H, D)
+        return torch.einsum("bthd,ohd->bto", context, out_weight) + self.out.bias  # (B, T, d_out)
+
+    def canonical_state_dict(self):
+        """Weights under the names every implementation shares."""
+        return {name: tensor.detach().clone() for name, tensor in self.state_dict().items()}
+
+    def load_canonical_state_dict(self, state):
+        """Load the shared form: see `SplitHeadsAttention.load_canonical_state_dict`."""
+        check_canonical_state(state, self.d_in, self.d_out, self.qkv_bias)
+        self.load_state_dict(state)
+
+
+# Same as attention/causal/split_heads.py::check_init_args
+def check_init_args(d_in, d_out, context_length, dropout, num_heads):
+    """Raise a clear error for constructor arguments that cannot build the module."""
+    sizes = {"d_in": d_in, "d_out": d_out, "context_length": context_length, "num_heads": num_heads}
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {name}={value!r}")
+        if value <= 0:
+            raise ValueError(f"{name} must be positive, got {name}={value}")
+    if d_out % num_heads != 0:
+        raise ValueError(f"d_out must be divisible by num_heads, got d_out={d_out}, num_heads={num_heads}")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
+        raise TypeError(f"dropout must be a float, got dropout={dropout!r}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got dropout={dropout}")
+
+
+# Same as attention/causal/split_heads.py::check_input
+def check_input(x, d_in, context_length):
+    """Raise a clear error unless `x` is a floating `(B, T, d_in)` tensor with 0 < T <= context_length."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor, got x.dtype={x.dtype}")
+    if x.dim() != 3 or x.shape[-1] != d_in:
+        raise ValueError(f"x must have shape (B, T, d_in={d_in}), got x.shape={tuple(x.shape)}")
+    if not 0 < x.shape[1] <= context_length:
+        raise ValueError(f"sequence length T must be in [1, context_length={context_length}], got T={x.shape[1]}")
+
+
+# Same as attention/causal/split_heads.py::check_canonical_state
+def check_canonical_state(state, d_in, d_out, qkv_bias):
+    """Raise a clear error unless `state` holds exactly the canonical keys with the right shapes."""
+    shapes = {"query.weight": (d_out, d_in), "key.weight": (d_out, d_in), "value.weight": (d_out, d_in),
+              "out.weight": (d_out, d_out), "out.bias": (d_out,)}
+    if qkv_bias:
+        shapes.update({"query.bias": (d_out,), "key.bias": (d_out,), "value.bias": (d_out,)})
+    missing, extra = sorted(set(shapes) - set(state)), sorted(set(state) - set(shapes))
+    if missing or extra:
+        raise ValueError(f"canonical state dict: missing keys {missing}, unexpected keys {extra}")
+    for name, shape in shapes.items():
+        if tuple(state[name].shape) != shape:
+            raise ValueError(f"canonical state dict: {name} must have shape {shape}, got {tuple(state[name].shape)}")
