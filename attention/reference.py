@@ -29,7 +29,7 @@ def reference_attention(query, key, value, state, num_heads, mask=None, attn_bia
     Returns:
         `(out, weights)`: `(B, Tq, C_out)` and `(B, H, Tq, Tk)`, both float64.
     """
-    f64 = {name: tensor.detach().to(torch.float64) for name, tensor in state.items()}
+    f64 = {name: tensor.to(torch.float64) for name, tensor in state.items()}
     query, key, value = (t.to(torch.float64) for t in (query, key, value))
 
     def project(x, name):

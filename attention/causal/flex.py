@@ -23,7 +23,16 @@ from torch import nn
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 # Compiled once per process; uncompiled, flex_attention falls back to a slow dense reference.
-compiled_flex_attention = torch.compile(flex_attention)
+_compiled_flex_attention = torch.compile(flex_attention)
+# Every new (shape, dtype) compiles a new kernel; past torch's default limit of 8 recompiles per
+# function, it would silently run the slow uncompiled path. Each kernel is specialised, so allow many.
+RECOMPILE_LIMIT = 64
+
+
+def compiled_flex_attention(*args, **kwargs):
+    """`torch.compile(flex_attention)` with room for one compiled kernel per (shape, dtype) in use."""
+    with torch._dynamo.config.patch(cache_size_limit=RECOMPILE_LIMIT):
+        return _compiled_flex_attention(*args, **kwargs)
 
 
 def causal(b, h, q_idx, kv_idx):

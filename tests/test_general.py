@@ -1,0 +1,131 @@
+"""The general-purpose MultiHeadAttention: masks, cross-attention, returned weights, RoPE, dropout."""
+
+import pytest
+import torch
+from helpers import tolerance
+
+from attention import MultiHeadAttention
+from attention.reference import reference_attention
+
+TOL = tolerance("cpu", torch.float32)
+
+
+def build(d_model=16, num_heads=4, **kwargs):
+    torch.manual_seed(0)
+    return MultiHeadAttention(d_model, num_heads, **kwargs)
+
+
+def random_mask(shape, p_attend=0.6):
+    return torch.rand(shape) < p_attend
+
+
+MASK_SHAPES = {
+    "none": None,
+    "TqTk": lambda B, H, Tq, Tk: (Tq, Tk),
+    "B1TqTk": lambda B, H, Tq, Tk: (B, 1, Tq, Tk),
+    "1HTqTk": lambda B, H, Tq, Tk: (1, H, Tq, Tk),
+    "BHTqTk": lambda B, H, Tq, Tk: (B, H, Tq, Tk),
+}
+
+
+@pytest.mark.parametrize("lengths", [(6, 6), (5, 9), (8, 3)], ids=["self", "Tq<Tk", "Tq>Tk"])
+@pytest.mark.parametrize("mask_kind", list(MASK_SHAPES))
+@pytest.mark.parametrize("need_weights", [False, True], ids=["sdpa", "weights"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_matches_reference(lengths, mask_kind, need_weights, bias):
+    B, H, d_model = 2, 4, 16
+    Tq, Tk = lengths
+    module = build(d_model, H, bias=bias)
+    query = torch.randn(B, Tq, d_model, requires_grad=True)
+    key_value = torch.randn(B, Tk, d_model, requires_grad=True)
+    mask = None if MASK_SHAPES[mask_kind] is None else random_mask(MASK_SHAPES[mask_kind](B, H, Tq, Tk))
+    grad_out = torch.randn(B, Tq, d_model)
+
+    out, weights = module(query, key_value, key_value, mask=mask, need_weights=need_weights)
+    (out * grad_out).sum().backward()
+
+    q64 = query.detach().double().requires_grad_()
+    kv64 = key_value.detach().double().requires_grad_()
+    state = {k: v.double().requires_grad_() for k, v in module.canonical_state_dict().items()}
+    ref_out, ref_weights = reference_attention(q64, kv64, kv64, state, H, mask=mask)
+    (ref_out * grad_out.double()).sum().backward()
+
+    torch.testing.assert_close(out.double(), ref_out, **TOL)
+    torch.testing.assert_close(query.grad.double(), q64.grad, **TOL)
+    torch.testing.assert_close(key_value.grad.double(), kv64.grad, **TOL)
+    for name, param in module.named_parameters():
+        torch.testing.assert_close(param.grad.double(), state[name].grad, **TOL, msg=lambda m: f"{name}: {m}")
+    if need_weights:
+        assert weights.shape == (B, H, Tq, Tk)
+        torch.testing.assert_close(weights.double(), ref_weights, **TOL)
+    else:
+        assert weights is None
+
+
+def test_self_attention_defaults_key_and_value_to_query():
+    module = build()
+    x = torch.randn(2, 5, 16)
+    torch.testing.assert_close(module(x)[0], module(x, x, x)[0], rtol=0, atol=0)
+
+
+def test_returned_weights_sum_to_one_and_are_zero_where_masked():
+    module = build()
+    mask = random_mask((2, 1, 6, 9))
+    mask[:, :, :, 0] = True  # every row keeps at least one key
+    _, weights = module(torch.randn(2, 6, 16), torch.randn(2, 9, 16), mask=mask, need_weights=True)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 6))
+    assert torch.all(weights.masked_select(~mask.expand_as(weights)) == 0)
+
+
+@pytest.mark.parametrize("need_weights", [False, True], ids=["sdpa", "weights"])
+def test_fully_masked_rows_give_zeros_not_nan(need_weights):
+    module = build(bias=False)
+    query = torch.randn(2, 4, 16, requires_grad=True)
+    mask = torch.ones(4, 7, dtype=torch.bool)
+    mask[2] = False  # query 2 may attend to nothing
+    out, weights = module(query, torch.randn(2, 7, 16), mask=mask, need_weights=need_weights)
+    out.sum().backward()
+    assert torch.all(out[:, 2] == 0), "a query with no key gets a zero output (bias=False: no output bias)"
+    assert not torch.isnan(out).any() and not torch.isnan(query.grad).any()
+    if need_weights:
+        assert torch.all(weights[:, :, 2] == 0)
+
+
+def test_causal_mask_via_general_module_matches_causal_family():
+    from attention.causal.split_heads import SplitHeadsAttention
+    general = build()
+    causal = SplitHeadsAttention(16, 16, 8, 0.0, 4, qkv_bias=True).eval()
+    causal.load_canonical_state_dict(general.canonical_state_dict())
+    x = torch.randn(2, 8, 16)
+    mask = torch.ones(8, 8, dtype=torch.bool).tril()
+    torch.testing.assert_close(general(x, mask=mask)[0], causal(x), **TOL)
+
+
+@pytest.mark.parametrize("lengths", [(6, 6), (4, 9)])
+@pytest.mark.parametrize("need_weights", [False, True], ids=["sdpa", "weights"])
+def test_rope_matches_reference(lengths, need_weights):
+    Tq, Tk = lengths
+    module = build(rope=True)
+    query, key_value = torch.randn(2, Tq, 16), torch.randn(2, Tk, 16)
+    out, _ = module(query, key_value, need_weights=need_weights)
+    ref_out, _ = reference_attention(query, key_value, key_value, module.canonical_state_dict(), 4, rope_base=10000.0)
+    torch.testing.assert_close(out.double(), ref_out, **TOL)
+    plain, _ = build(rope=False)(query, key_value)
+    assert not torch.allclose(out, plain), "rope=True must change the scores"
+
+
+@pytest.mark.parametrize("need_weights", [False, True], ids=["sdpa", "weights"])
+def test_dropout_stochastic_in_training_and_off_in_eval(need_weights):
+    module = build(dropout=0.5)
+    no_dropout = build(dropout=0.0)
+    x = torch.randn(2, 6, 16)
+    with torch.no_grad():
+        first, second = module.train()(x, need_weights=need_weights)[0], module(x, need_weights=need_weights)[0]
+        assert not torch.allclose(first, second)
+        torch.testing.assert_close(module.eval()(x, need_weights=need_weights)[0], no_dropout(x)[0], **TOL)
+
+
+def test_weights_path_equals_sdpa_path():
+    module = build()
+    x, mask = torch.randn(3, 7, 16), random_mask((3, 1, 7, 7))
+    torch.testing.assert_close(module(x, mask=mask)[0], module(x, mask=mask, need_weights=True)[0], **TOL)
