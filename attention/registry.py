@@ -4,9 +4,12 @@ Adding an implementation is one file under `attention/` plus one line here; the 
 the benchmark iterate over this dict, so they pick it up without further changes.
 """
 
+from attention.causal.alibi import ALiBiAttention
+from attention.causal.alibi_flex import ALiBiFlexAttention
 from attention.causal.einsum import EinsumAttention
 from attention.causal.flex import FlexCausalAttention
 from attention.causal.fused_qkv import FusedQKVAttention
+from attention.causal.rope import RoPEAttention
 from attention.causal.sdpa_causal import SDPACausalAttention
 from attention.causal.sdpa_mask import SDPAMaskAttention
 from attention.causal.seq_first import SeqFirstAttention
@@ -35,6 +38,9 @@ IMPLEMENTATIONS = Registry({
     "torch_mha": TorchMultiheadAttention,
     "torch_mha_weights": TorchMultiheadAttentionWithWeights,
     "flex": FlexCausalAttention,
+    "alibi": ALiBiAttention,
+    "rope": RoPEAttention,
+    "alibi_flex": ALiBiFlexAttention,
 })
 
 

@@ -23,15 +23,16 @@ from torch import nn
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 # Compiled once per process; uncompiled, flex_attention falls back to a slow dense reference.
-_compiled_flex_attention = torch.compile(flex_attention)
-# Every new (shape, dtype) compiles a new kernel; past torch's default limit of 8 recompiles per
-# function, it would silently run the slow uncompiled path. Each kernel is specialised, so allow many.
-RECOMPILE_LIMIT = 64
+_compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
+# dynamic=False: one kernel specialised per (shape, dtype), the fastest, and inductor's CPU FlexAttention
+# template fails on some dynamic-shape compiles. Past torch's default of 8 recompiles per function,
+# flex_attention would silently run its slow uncompiled path, so allow many.
+RECOMPILE_LIMIT = 256
 
 
 def compiled_flex_attention(*args, **kwargs):
     """`torch.compile(flex_attention)` with room for one compiled kernel per (shape, dtype) in use."""
-    with torch._dynamo.config.patch(cache_size_limit=RECOMPILE_LIMIT):
+    with torch._dynamo.config.patch(cache_size_limit=RECOMPILE_LIMIT, accumulated_cache_size_limit=RECOMPILE_LIMIT):
         return _compiled_flex_attention(*args, **kwargs)
 
 

@@ -1,0 +1,223 @@
+"""Attention patterns, each written once as a predicate `mask_mod(b, h, q_idx, kv_idx)`, True = attend.
+
+Every predicate uses only elementwise tensor operations and indexing of captured tensors, so it runs
+unchanged inside FlexAttention (scalar index tensors) and in `dense_mask` (broadcast index tensors).
+Factories validate their arguments and name the predicate they return (`sliding_window_4`), so a
+plot or an error message says which pattern it shows. Query i and key j are both counted from 0 at
+the start of the sequence (top-left alignment, as in `F.scaled_dot_product_attention(is_causal=True)`).
+"""
+
+import torch
+
+
+def causal(b, h, q_idx, kv_idx):
+    """Query i attends to keys j <= i (decoder self-attention)."""
+    return q_idx >= kv_idx
+
+
+def sliding_window(window_size):
+    """Causal sliding window: query i attends to the `window_size` most recent keys, itself included.
+
+    Keys `i - window_size < j <= i` (Longformer's and Mistral's causal local attention,
+    https://arxiv.org/abs/2004.05150). `window_size=1` attends to itself only.
+    """
+    check_positive_int("window_size", window_size)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (q_idx - kv_idx < window_size)
+
+    mask_mod.__name__ = f"sliding_window_{window_size}"
+    return mask_mod
+
+
+def local_window(radius):
+    """Bidirectional local window: query i attends to keys j with `|i - j| <= radius` (encoders).
+
+    `2 * radius + 1` keys away from the edges; `radius=0` attends to itself only.
+    """
+    check_non_negative_int("radius", radius)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (q_idx - kv_idx).abs() <= radius
+
+    mask_mod.__name__ = f"local_window_{radius}"
+    return mask_mod
+
+
+def strided(stride):
+    """Causal strided pattern: query i attends to keys j <= i with `(i - j) % stride == 0`.
+
+    Every `stride`-th key counting back from the query, itself included: the "strided" head of the
+    Sparse Transformer (Child et al., 2019, https://arxiv.org/abs/1904.10509, section 4.2).
+    """
+    check_positive_int("stride", stride)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & ((q_idx - kv_idx) % stride == 0)
+
+    mask_mod.__name__ = f"strided_{stride}"
+    return mask_mod
+
+
+def sparse_transformer_strided(stride):
+    """Sparse Transformer strided attention in one head: the union of its two heads.
+
+    The `stride` most recent keys (`sliding_window(stride)`) or any earlier key a multiple of
+    `stride` back (`strided(stride)`). With `stride ~ sqrt(T)` every query reaches every earlier key
+    in two steps (Child et al., 2019, https://arxiv.org/abs/1904.10509, figure 3b).
+    """
+    check_positive_int("stride", stride)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        distance = q_idx - kv_idx
+        return (distance >= 0) & ((distance < stride) | (distance % stride == 0))
+
+    mask_mod.__name__ = f"sparse_transformer_strided_{stride}"
+    return mask_mod
+
+
+def sparse_transformer_fixed(block_size, num_summary=1):
+    """Sparse Transformer fixed attention in one head: own block plus each block's summary keys.
+
+    Causal; query i attends to keys j <= i in its own block of `block_size` positions, and to the
+    last `num_summary` keys of every block (`j % block_size >= block_size - num_summary`), which carry
+    information between blocks (Child et al., 2019, https://arxiv.org/abs/1904.10509, figure 3c).
+    """
+    check_positive_int("block_size", block_size)
+    check_positive_int("num_summary", num_summary)
+    if num_summary > block_size:
+        raise ValueError(f"num_summary must be at most block_size={block_size}, got num_summary={num_summary}")
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        same_block = q_idx // block_size == kv_idx // block_size
+        summary = kv_idx % block_size >= block_size - num_summary
+        return (q_idx >= kv_idx) & (same_block | summary)
+
+    mask_mod.__name__ = f"sparse_transformer_fixed_{block_size}_{num_summary}"
+    return mask_mod
+
+
+def bigbird(radius, num_global, num_random, max_len, seed=0, device=None):
+    """BigBird's pattern at token level: local window + global tokens + random keys (bidirectional).
+
+    Query i attends to key j when `|i - j| <= radius` (window), when i or j is one of the first
+    `num_global` positions (global tokens see and are seen by every position), or when j is one of
+    the `num_random` keys drawn for query i (Zaheer et al., 2020, https://arxiv.org/abs/2007.14062;
+    the paper draws blocks, here single tokens). The random keys come from `torch.Generator` seeded
+    with `seed`, drawn without replacement from `range(max_len)` for each of `max_len` queries and
+    stored as a `(max_len, max_len)` lookup table, so the pattern is the same on every call and
+    device. Sequences must be at most `max_len` long; a random key drawn at or past a shorter
+    `kv_len` is simply absent. Combine with `causal` through `and_masks` for a decoder.
+    """
+    check_non_negative_int("radius", radius)
+    check_non_negative_int("num_global", num_global)
+    check_non_negative_int("num_random", num_random)
+    check_positive_int("max_len", max_len)
+    if num_random > max_len:
+        raise ValueError(f"num_random must be at most max_len={max_len}, got num_random={num_random}")
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.rand(max_len, max_len, generator=generator).argsort(dim=-1)  # (max_len, max_len): a random permutation per query
+    random_keys = torch.zeros(max_len, max_len, dtype=torch.bool)
+    random_keys.scatter_(1, order[:, :num_random], True)  # (max_len, max_len): num_random True per row
+    random_keys = random_keys.to(device)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        window = (q_idx - kv_idx).abs() <= radius
+        global_tokens = (q_idx < num_global) | (kv_idx < num_global)
+        return window | global_tokens | random_keys[q_idx, kv_idx]
+
+    mask_mod.__name__ = f"bigbird_{radius}_{num_global}_{num_random}_seed{seed}"
+    mask_mod.random_keys = random_keys
+    return mask_mod
+
+
+def key_padding(lengths):
+    """Key padding: in sequence b, keys j < `lengths[b]` are real, the rest are padding.
+
+    Args:
+        lengths: `(B,)` integer tensor of real lengths, on the device the attention runs on.
+
+    Every query, padding queries included, attends to the real keys, so no row is empty when
+    every length is positive; padding queries' outputs are meant to be ignored downstream.
+    """
+    check_index_tensor("lengths", lengths, dims=(1,))
+    if (lengths < 0).any():
+        raise ValueError(f"lengths must be non-negative, got lengths={lengths.tolist()}")
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return kv_idx < lengths[b]
+
+    mask_mod.__name__ = "key_padding"
+    return mask_mod
+
+
+def prefix_lm(prefix_length):
+    """Prefix LM: bidirectional over the prefix, causal after it (T5 / UniLM prefix language model).
+
+    Query i attends to key j when `j < prefix_length` or `j <= i`
+    (Raffel et al., 2020, https://arxiv.org/abs/1910.10683, figure 3).
+
+    Args:
+        prefix_length: an int shared by the batch, or a `(B,)` integer tensor, one per sequence.
+    """
+    if isinstance(prefix_length, torch.Tensor):
+        check_index_tensor("prefix_length", prefix_length, dims=(1,))
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return (kv_idx < prefix_length[b]) | (q_idx >= kv_idx)
+
+        mask_mod.__name__ = "prefix_lm"
+        return mask_mod
+    check_non_negative_int("prefix_length", prefix_length)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (kv_idx < prefix_length) | (q_idx >= kv_idx)
+
+    mask_mod.__name__ = f"prefix_lm_{prefix_length}"
+    return mask_mod
+
+
+def document(document_ids):
+    """Document mask for packed sequences: query i attends to key j when both lie in one document.
+
+    Args:
+        document_ids: `(T,)` integer tensor, one document id per position, or `(B, T)`, one row per
+            sequence. Bidirectional within each document; `and_masks(causal, document(ids))` is the
+            causal form used to pretrain on packed documents.
+    """
+    check_index_tensor("document_ids", document_ids, dims=(1, 2))
+    if document_ids.dim() == 1:
+        def mask_mod(b, h, q_idx, kv_idx):
+            return document_ids[q_idx] == document_ids[kv_idx]
+    else:
+        def mask_mod(b, h, q_idx, kv_idx):
+            return document_ids[b, q_idx] == document_ids[b, kv_idx]
+
+    mask_mod.__name__ = "document"
+    return mask_mod
+
+
+def check_positive_int(name, value):
+    """Raise a clear error unless `value` is an int >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {name}={value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be positive, got {name}={value}")
+
+
+def check_non_negative_int(name, value):
+    """Raise a clear error unless `value` is an int >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {name}={value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be non-negative, got {name}={value}")
+
+
+def check_index_tensor(name, value, dims):
+    """Raise a clear error unless `value` is an integer tensor with a number of dimensions in `dims`."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got {name}.dtype={value.dtype}")
+    if value.dim() not in dims:
+        raise ValueError(f"{name} must have {' or '.join(map(str, dims))} dimensions, got {name}.shape={tuple(value.shape)}")

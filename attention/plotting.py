@@ -1,0 +1,257 @@
+"""Figures of masks, position encodings and attention weights, for the docs and notebooks.
+
+Every function returns a `matplotlib.figure.Figure` built without pyplot, so it works under any
+backend (Agg included), holds no global state and needs no `plt.close`; in a notebook a returned
+figure displays itself, elsewhere call `fig.savefig(path)`. Masks are drawn like meta-pytorch/
+attention-gym's: one cell per (query, key) pair, a cell grid and `Q0...`/`KV0...` ticks when the
+matrix is small. Every figure has a title, axis labels with units and a colour bar. matplotlib is
+imported inside the functions, so `import attention.plotting` works without it.
+"""
+
+import math
+
+import torch
+
+from attention.masks import dense_mask
+from attention.positional import alibi_bias, alibi_slopes, rotary_angles, sinusoidal_table
+
+# Up to this many rows or columns a matrix gets one tick per cell (Q0, Q1, ... / KV0, KV1, ...) and a grid.
+MAX_LABELLED_CELLS = 16
+
+
+def plot_mask(mask, q_len=None, kv_len=None, title=None, batch_index=0, head_index=0):
+    """Draw one mask: attended pairs dark, masked pairs light.
+
+    Args:
+        mask: a predicate `mask_mod(b, h, q_idx, kv_idx)`, or a boolean tensor `(Tq, Tk)` or
+            `(B, H, Tq, Tk)` (True = attend).
+        q_len: Tq, needed for a predicate.
+        kv_len: Tk for a predicate; defaults to `q_len`.
+        title: figure title; defaults to the predicate's `__name__` and its density.
+        batch_index: which sequence of a 4-D mask to draw.
+        head_index: which head of a 4-D mask to draw.
+
+    Returns:
+        A Figure with two axes: the mask and its colour bar.
+    """
+    name, matrix = mask_matrix(mask, q_len, kv_len, batch_index, head_index)
+    fig = new_figure(1, 1, matrix.shape)
+    ax = fig.add_subplot()
+    image = draw_mask(ax, matrix)
+    ax.set_title(title if title is not None else f"{name} (density {matrix.float().mean().item():.2f})")
+    mask_colorbar(fig, image, [ax])
+    return fig
+
+
+def plot_masks(masks, q_len=None, kv_len=None, ncols=3, title="Attention masks"):
+    """Draw several masks side by side, one panel each.
+
+    Args:
+        masks: dict from a panel title to a predicate or a boolean `(Tq, Tk)` tensor.
+        q_len: Tq, needed for predicates.
+        kv_len: Tk for predicates; defaults to `q_len`.
+        ncols: panels per row.
+        title: figure title.
+
+    Returns:
+        A Figure with `len(masks)` mask axes and one shared colour bar.
+    """
+    if not isinstance(masks, dict) or not masks:
+        raise ValueError(f"masks must be a non-empty dict from title to mask, got masks={masks!r}")
+    matrices = {name: mask_matrix(mask, q_len, kv_len, 0, 0)[1] for name, mask in masks.items()}
+    nrows, ncols = grid_shape(len(matrices), ncols)
+    fig = new_figure(nrows, ncols, next(iter(matrices.values())).shape)
+    axes = [fig.add_subplot(nrows, ncols, index + 1) for index in range(len(matrices))]
+    for ax, (name, matrix) in zip(axes, matrices.items()):
+        image = draw_mask(ax, matrix)
+        ax.set_title(f"{name}\ndensity {matrix.float().mean().item():.2f}", fontsize="medium")
+    fig.suptitle(title)
+    mask_colorbar(fig, image, axes)
+    return fig
+
+
+def plot_sinusoidal(num_positions=64, dim=32, base=10000.0, title=None):
+    """Heat map of the sinusoidal encoding table, positions down and features across.
+
+    Returns:
+        A Figure with two axes: the table and its colour bar.
+    """
+    table = sinusoidal_table(num_positions, dim, base, dtype=torch.float64)  # (T, dim)
+    return plot_table(table, title or f"Sinusoidal position encoding (dim={dim}, base={base:g})",
+                      "feature index (even: sin, odd: cos)", "encoding value (unitless, in [-1, 1])", symmetric=True)
+
+
+def plot_learned(embedding, title="Learned position embedding"):
+    """Heat map of a learned position embedding, positions down and features across.
+
+    Args:
+        embedding: a `LearnedPositionalEmbedding` (its `weight`) or a `(max_len, dim)` tensor.
+        title: figure title.
+
+    Returns:
+        A Figure with two axes: the table and its colour bar.
+    """
+    weight = embedding.weight if hasattr(embedding, "weight") else embedding
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError(f"embedding must be a LearnedPositionalEmbedding or a (max_len, dim) tensor, got {type(embedding).__name__}")
+    return plot_table(weight.detach().cpu().double(), title, "feature index", "embedding value (unitless)", symmetric=True)
+
+
+def plot_rope_angles(seq_len=64, head_dim=32, base=10000.0, num_lines=4, title=None):
+    """Rotary embeddings as rotation angles: pair i at position t turns by `t * base ** (-2i / head_dim)`.
+
+    Left: the angle of every (position, pair) wrapped into `[-pi, pi)`, the rotation actually applied.
+    Right: the unwrapped angle over positions for `num_lines` pairs spread over the frequencies,
+    on a log scale: fast pairs encode short distances, slow pairs long ones.
+
+    Returns:
+        A Figure with three axes: the heat map, its colour bar and the line plot.
+    """
+    angles = rotary_angles(seq_len, head_dim, base)  # (T, D/2), radians
+    wrapped = torch.remainder(angles + math.pi, 2 * math.pi) - math.pi  # (T, D/2) in [-pi, pi)
+    fig = new_figure(1, 2, (seq_len, head_dim // 2))
+    heat_ax, line_ax = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    image = heat_ax.imshow(wrapped.numpy(), cmap="twilight", vmin=-math.pi, vmax=math.pi, aspect="auto", interpolation="nearest")
+    heat_ax.set_xlabel("pair index i (features i and i + head_dim/2)")
+    heat_ax.set_ylabel("position t (tokens)")
+    heat_ax.set_title("rotation angle, wrapped")
+    colorbar = fig.colorbar(image, ax=heat_ax)
+    colorbar.set_label("angle (rad)")
+    pairs = sorted(set(torch.linspace(0, head_dim // 2 - 1, max(1, min(num_lines, head_dim // 2))).round().long().tolist()))
+    positions = torch.arange(1, seq_len)  # position 0 has angle 0, off a log scale
+    for pair in pairs:
+        line_ax.plot(positions.numpy(), angles[1:, pair].numpy(), label=f"pair {pair}: {base ** (-2 * pair / head_dim):.2g} rad/token")
+    line_ax.set_yscale("log")
+    line_ax.set_xlabel("position t (tokens)")
+    line_ax.set_ylabel("angle t * theta_i (rad, log scale)")
+    line_ax.set_title("rotation angle over positions")
+    line_ax.legend(fontsize="small")
+    fig.suptitle(title or f"Rotary embedding angles (head_dim={head_dim}, base={base:g})")
+    return fig
+
+
+def plot_alibi(num_heads=8, seq_len=16, causal=True, ncols=4, title=None):
+    """ALiBi's additive score bias, one panel per head: `-m_h * (i - j)` (causal) or `-m_h * |i - j|`.
+
+    Masked pairs (keys after the query, causal form) are left blank.
+
+    Returns:
+        A Figure with `num_heads` bias axes and one shared colour bar.
+    """
+    bias = alibi_bias(num_heads, seq_len, seq_len, causal=causal, dtype=torch.float64)  # (H, T, T)
+    bias = torch.where(torch.isinf(bias), torch.full_like(bias, float("nan")), bias)  # blank where masked
+    slopes = alibi_slopes(num_heads)
+    nrows, ncols = grid_shape(num_heads, ncols)
+    fig = new_figure(nrows, ncols, (seq_len, seq_len))
+    axes = [fig.add_subplot(nrows, ncols, head + 1) for head in range(num_heads)]
+    lowest = torch.nan_to_num(bias, nan=0.0).min().item()
+    for head, ax in enumerate(axes):
+        image = draw_matrix(ax, bias[head], cmap="viridis", vmin=lowest, vmax=0.0)
+        ax.set_title(f"head {head}: slope 1/{1 / slopes[head].item():.3g}", fontsize="medium")
+    form = "causal, -m (i - j)" if causal else "symmetric, -m |i - j|"
+    fig.suptitle(title or f"ALiBi bias per head ({form})")
+    colorbar = fig.colorbar(image, ax=axes)
+    colorbar.set_label("bias added to the score (logit units)")
+    return fig
+
+
+def plot_attention_weights(weights, ncols=4, title="Attention weights per head"):
+    """Heat maps of attention weights `(H, Tq, Tk)`, one panel per head (e.g. `weights[0]` of a batch).
+
+    Returns:
+        A Figure with `H` weight axes and one shared colour bar.
+    """
+    if not isinstance(weights, torch.Tensor) or weights.dim() != 3:
+        raise ValueError(f"weights must be a (H, Tq, Tk) tensor, got {type(weights).__name__} of shape {tuple(getattr(weights, 'shape', ()))}")
+    weights = weights.detach().cpu().double()
+    num_heads = weights.shape[0]
+    nrows, ncols = grid_shape(num_heads, ncols)
+    fig = new_figure(nrows, ncols, weights.shape[1:])
+    axes = [fig.add_subplot(nrows, ncols, head + 1) for head in range(num_heads)]
+    for head, ax in enumerate(axes):
+        image = draw_matrix(ax, weights[head], cmap="magma", vmin=0.0, vmax=1.0)
+        ax.set_title(f"head {head}", fontsize="medium")
+    fig.suptitle(title)
+    colorbar = fig.colorbar(image, ax=axes)
+    colorbar.set_label("attention weight (probability, rows sum to 1)")
+    return fig
+
+
+def mask_matrix(mask, q_len, kv_len, batch_index, head_index):
+    """`(name, (Tq, Tk) boolean tensor)` for a predicate or a 2-D or 4-D boolean tensor."""
+    if callable(mask):
+        if q_len is None:
+            raise ValueError(f"q_len is needed to draw the predicate {getattr(mask, '__name__', mask)!r}, got q_len=None")
+        kv_len = q_len if kv_len is None else kv_len
+        return getattr(mask, "__name__", "mask"), dense_mask(mask, q_len, kv_len).cpu()
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() not in (2, 4):
+        raise ValueError(f"mask must be a mask_mod or a boolean (Tq, Tk) or (B, H, Tq, Tk) tensor, got {type(mask).__name__} "
+                         f"{getattr(mask, 'dtype', '')} {tuple(getattr(mask, 'shape', ()))}")
+    matrix = mask if mask.dim() == 2 else mask[batch_index, head_index]
+    return "mask", matrix.cpu()
+
+
+def draw_mask(ax, matrix):
+    """Draw a boolean `(Tq, Tk)` mask on `ax` in two colours; returns the image."""
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+
+    cmap = ListedColormap(["#eeeeee", "#1f5fa6"])
+    norm = BoundaryNorm([-0.5, 0.5, 1.5], cmap.N)
+    return draw_matrix(ax, matrix.to(torch.float64), cmap=cmap, norm=norm)
+
+
+def draw_matrix(ax, matrix, **imshow_kwargs):
+    """`imshow` a `(Tq, Tk)` matrix with query/key axis labels, and `Q0...`/`KV0...` ticks and a grid when small."""
+    Tq, Tk = matrix.shape
+    image = ax.imshow(matrix.numpy(), interpolation="nearest", aspect="equal", **imshow_kwargs)
+    ax.set_xlabel("key position j (tokens)")
+    ax.set_ylabel("query position i (tokens)")
+    if Tq <= MAX_LABELLED_CELLS and Tk <= MAX_LABELLED_CELLS:
+        ax.set_xticks(range(Tk), [f"KV{j}" for j in range(Tk)], rotation=90, fontsize="x-small")
+        ax.set_yticks(range(Tq), [f"Q{i}" for i in range(Tq)], fontsize="x-small")
+        ax.set_xticks([j - 0.5 for j in range(1, Tk)], minor=True)
+        ax.set_yticks([i - 0.5 for i in range(1, Tq)], minor=True)
+        ax.grid(which="minor", color="white", linewidth=1)
+        ax.tick_params(which="minor", length=0)
+    return image
+
+
+def mask_colorbar(fig, image, axes):
+    """A two-entry colour bar: masked / attend."""
+    colorbar = fig.colorbar(image, ax=axes, ticks=[0, 1], shrink=0.8)
+    colorbar.ax.set_yticklabels(["masked", "attend"])
+    colorbar.set_label("mask value (True = attend)")
+    return colorbar
+
+
+def plot_table(table, title, feature_label, value_label, symmetric):
+    """Heat map of a `(positions, features)` table with a labelled colour bar."""
+    fig = new_figure(1, 1, table.shape)
+    ax = fig.add_subplot()
+    limit = table.abs().max().item() or 1.0
+    image = ax.imshow(table.numpy(), cmap="RdBu_r" if symmetric else "viridis", vmin=-limit if symmetric else None,
+                      vmax=limit if symmetric else None, aspect="auto", interpolation="nearest")
+    ax.set_xlabel(feature_label)
+    ax.set_ylabel("position t (tokens)")
+    ax.set_title(title)
+    colorbar = fig.colorbar(image, ax=ax)
+    colorbar.set_label(value_label)
+    return fig
+
+
+def grid_shape(count, ncols):
+    """`(nrows, ncols)` of a grid holding `count` panels, at most `ncols` per row."""
+    if isinstance(ncols, bool) or not isinstance(ncols, int) or ncols <= 0:
+        raise ValueError(f"ncols must be a positive int, got ncols={ncols!r}")
+    ncols = min(ncols, count)
+    return math.ceil(count / ncols), ncols
+
+
+def new_figure(nrows, ncols, cell_shape):
+    """An empty Figure sized for a grid of panels, with constrained layout."""
+    from matplotlib.figure import Figure
+
+    rows, cols = cell_shape
+    panel_height = 3.2
+    panel_width = min(max(panel_height * cols / max(rows, 1), 2.5), 6.0) + 0.6
+    return Figure(figsize=(panel_width * ncols + 1.0, panel_height * nrows + 0.8), layout="constrained")

@@ -1,0 +1,191 @@
+"""Position encodings: closed forms, invariances, the paper's ALiBi slopes, and the ALiBi/RoPE modules against the reference."""
+
+import inspect
+import math
+import re
+
+import pytest
+import torch
+
+import attention.general
+import attention.causal.alibi
+import attention.causal.alibi_flex
+import attention.causal.rope
+import attention.positional.rotary
+from attention.causal.alibi import ALiBiAttention
+from attention.causal.alibi_flex import ALiBiFlexAttention
+from attention.causal.rope import RoPEAttention
+from attention.positional import (
+    LearnedPositionalEmbedding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    alibi_bias,
+    alibi_slopes,
+    apply_rotary,
+    rotary_angles,
+    rotary_cos_sin,
+    sinusoidal_table,
+)
+from attention.reference import reference_alibi_slopes, reference_causal_self_attention, rotate_pairs
+from attention.registry import IMPLEMENTATIONS
+
+# ---------------------------------------------------------------- sinusoidal and learned
+
+
+def test_sinusoidal_table_matches_closed_form():
+    T, dim, base = 12, 6, 10000.0
+    expected = torch.tensor(
+        [[math.sin(t / base ** (f / dim)) if f % 2 == 0 else math.cos(t / base ** ((f - 1) / dim)) for f in range(dim)]
+         for t in range(T)],
+        dtype=torch.float64,
+    )
+    torch.testing.assert_close(sinusoidal_table(T, dim, dtype=torch.float64), expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(sinusoidal_table(T, dim), expected.float())
+
+
+def test_sinusoidal_module_adds_the_table_for_any_length_and_offset():
+    module = SinusoidalPositionalEncoding(dim=8)
+    x = torch.randn(2, 300, 8)
+    torch.testing.assert_close(module(x), x + sinusoidal_table(300, 8))
+    torch.testing.assert_close(module(x[:, :5], offset=7), x[:, :5] + sinusoidal_table(12, 8)[7:])
+    with pytest.raises(ValueError, match=r"dim must be even \(sine and cosine pairs\), got dim=7"):
+        SinusoidalPositionalEncoding(dim=7)
+
+
+def test_learned_embedding_adds_its_rows_and_raises_past_max_len():
+    module = LearnedPositionalEmbedding(max_len=6, dim=4)
+    x = torch.randn(2, 4, 4)
+    torch.testing.assert_close(module(x), x + module.weight[:4])
+    torch.testing.assert_close(module(x[:, :2], offset=4), x[:, :2] + module.weight[4:6])
+    with pytest.raises(ValueError, match=r"offset \+ T = 0 \+ 7 = 7 .* max_len=6"):
+        module(torch.randn(1, 7, 4))
+    with pytest.raises(ValueError, match=r"offset \+ T = 3 \+ 4 = 7 .* max_len=6"):
+        module(x, offset=3)
+
+
+# ---------------------------------------------------------------- rotary
+
+
+def test_rotary_preserves_norms_and_matches_the_reference_rotation():
+    x = torch.randn(2, 3, 9, 8, dtype=torch.float64)
+    rotated = RotaryEmbedding(head_dim=8)(x)
+    torch.testing.assert_close(rotated.norm(dim=-1), x.norm(dim=-1))
+    torch.testing.assert_close(rotated, rotate_pairs(x, 10000.0), atol=1e-6, rtol=1e-6)  # angles in float32
+    torch.testing.assert_close(rotary_angles(9, 8), torch.arange(9.0, dtype=torch.float64)[:, None] * 10000.0 ** (-torch.arange(0, 8, 2) / 8))
+
+
+def test_rotary_scores_depend_only_on_relative_position():
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(head_dim=16)
+    q, k = torch.randn(1, 2, 6, 16, dtype=torch.float64), torch.randn(1, 2, 6, 16, dtype=torch.float64)
+    scores = rope(q) @ rope(k).transpose(-2, -1)  # (1, 2, 6, 6): positions 0..5
+    for shift in (1, 13, 100):
+        shifted = rope(q, offset=shift) @ rope(k, offset=shift).transpose(-2, -1)  # positions shift..shift+5
+        torch.testing.assert_close(shifted, scores, atol=1e-4, rtol=1e-4)  # angles in float32
+
+
+def test_rotary_cache_grows_instead_of_truncating():
+    rope = RotaryEmbedding(head_dim=4)
+    rope(torch.randn(1, 1, 3, 4))
+    long = torch.randn(1, 1, 50, 4)
+    cos, sin = rotary_cos_sin(50, 4, 10000.0, "cpu", torch.float32)
+    assert torch.equal(rope(long), apply_rotary(long, cos, sin))
+    assert torch.equal(rope(long, offset=5)[..., :3, :], apply_rotary(long[..., :3, :], *(t[5:8] for t in rotary_cos_sin(8, 4, 10000.0, "cpu", torch.float32))))
+    assert torch.equal(rope(long), attention.general.apply_rotary(long, *attention.general.rotary_cos_sin(50, 4, 10000.0, "cpu", torch.float32)))
+    with pytest.raises(ValueError, match="head_dim must be a positive even int, got head_dim=5"):
+        RotaryEmbedding(head_dim=5)
+
+
+# ---------------------------------------------------------------- ALiBi
+
+
+def test_alibi_slopes_follow_the_paper():
+    assert torch.equal(alibi_slopes(8), torch.tensor([2.0 ** -k for k in range(1, 9)], dtype=torch.float64))
+    # 6 heads: the 4-head slopes 2^-2, 2^-4, 2^-6, 2^-8, then every other 8-head slope: 2^-1, 2^-3.
+    assert torch.equal(alibi_slopes(6), torch.tensor([1 / 4, 1 / 16, 1 / 64, 1 / 256, 1 / 2, 1 / 8], dtype=torch.float64))
+    # 12 heads: the 8-head slopes, then every other 16-head slope: 2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5.
+    expected_12 = [2.0 ** -k for k in range(1, 9)] + [2.0 ** -0.5, 2.0 ** -1.5, 2.0 ** -2.5, 2.0 ** -3.5]
+    torch.testing.assert_close(alibi_slopes(12), torch.tensor(expected_12, dtype=torch.float64), atol=0, rtol=1e-15)
+    for num_heads in range(1, 33):
+        torch.testing.assert_close(alibi_slopes(num_heads), torch.tensor(reference_alibi_slopes(num_heads), dtype=torch.float64),
+                                   atol=0, rtol=1e-15)
+    with pytest.raises(ValueError, match="num_heads must be a positive int, got num_heads=0"):
+        alibi_slopes(0)
+
+
+def test_alibi_bias_causal_and_symmetric_forms():
+    bias = alibi_bias(2, 3, 4, dtype=torch.float64)  # (H, Tq, Tk), slopes 1/16 and 1/256
+    inf = float("inf")
+    expected_head0 = torch.tensor([[0, -inf, -inf, -inf], [-1 / 16, 0, -inf, -inf], [-2 / 16, -1 / 16, 0, -inf]], dtype=torch.float64)
+    assert bias.shape == (2, 3, 4)
+    assert torch.equal(bias[0], expected_head0)
+    torch.testing.assert_close(bias[1], expected_head0 * 16 / 256)
+    symmetric = alibi_bias(2, 3, 4, causal=False, dtype=torch.float64)
+    assert torch.equal(symmetric[0], torch.tensor([[0, -1, -2, -3], [-1, 0, -1, -2], [-2, -1, 0, -1]], dtype=torch.float64) / 16)
+
+
+# ---------------------------------------------------------------- modules against the float64 reference
+
+# 6 heads: ALiBi slopes off the power-of-two rule. One FlexAttention case: each compiles for seconds on CPU.
+MODULE_CASES = [(ALiBiAttention, 4, True), (ALiBiAttention, 6, False), (RoPEAttention, 4, True),
+                (RoPEAttention, 6, False), (ALiBiFlexAttention, 4, True)]
+
+
+@pytest.mark.parametrize("cls, num_heads, qkv_bias", MODULE_CASES,
+                         ids=[f"{cls.__name__}-H{heads}-bias{bias}" for cls, heads, bias in MODULE_CASES])
+def test_module_matches_float64_reference(cls, num_heads, qkv_bias):
+    torch.manual_seed(0)
+    d_in, d_out, T = 10, 4 * num_heads, 7
+    source = cls(d_in, d_out, context_length=16, dropout=0.0, num_heads=num_heads, qkv_bias=qkv_bias)
+    state = {name: torch.randn_like(tensor) * 0.5 for name, tensor in source.canonical_state_dict().items()}
+    module = cls(d_in, d_out, context_length=16, dropout=0.0, num_heads=num_heads, qkv_bias=qkv_bias)
+    module.load_canonical_state_dict(state)
+
+    x = torch.randn(2, T, d_in, requires_grad=True)
+    out = module(x)
+    x64 = x.detach().double().requires_grad_()
+    state64 = {name: tensor.double().requires_grad_() for name, tensor in state.items()}
+    expected, _ = reference_causal_self_attention(x64, state64, num_heads, position_encoding=cls.position_encoding)
+    torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=1e-4)
+
+    grad_out = torch.randn_like(expected)
+    out.backward(grad_out.float())
+    expected.backward(grad_out)
+    torch.testing.assert_close(x.grad.double(), x64.grad, atol=2e-5, rtol=1e-4)
+    for name, parameter in module.named_parameters():
+        torch.testing.assert_close(parameter.grad.double(), state64[name].grad, atol=2e-5, rtol=1e-4, msg=name)
+
+    if cls is ALiBiFlexAttention:  # the no-grad path runs FlexAttention alone
+        with torch.no_grad():
+            torch.testing.assert_close(module(x).double(), expected, atol=2e-5, rtol=1e-4)
+
+
+def test_modules_are_registered_with_their_position_encoding():
+    assert IMPLEMENTATIONS["alibi"] is ALiBiAttention and ALiBiAttention.position_encoding == "alibi"
+    assert IMPLEMENTATIONS["rope"] is RoPEAttention and RoPEAttention.position_encoding == "rope"
+    assert IMPLEMENTATIONS["alibi_flex"] is ALiBiFlexAttention and ALiBiFlexAttention.position_encoding == "alibi"
+
+
+def test_module_argument_errors():
+    with pytest.raises(ValueError, match="dropout must be 0.0, got dropout=0.1"):
+        ALiBiFlexAttention(8, 8, 8, 0.1, 2)
+    with pytest.raises(ValueError, match="even head_dim, got head_dim=3"):
+        RoPEAttention(8, 6, 8, 0.0, 2)
+    with pytest.raises(ValueError, match="context_length=8"):
+        ALiBiAttention(4, 4, 8, 0.0, 2)(torch.randn(1, 9, 4))
+
+
+# ---------------------------------------------------------------- marked copies in the files this issue adds
+
+MARKER = re.compile(r"^# Same as (attention/[\w/]+)\.py::(\w+)\n", re.MULTILINE)
+
+
+@pytest.mark.parametrize("module", [attention.causal.alibi, attention.causal.alibi_flex, attention.causal.rope,
+                                    attention.positional.rotary], ids=lambda module: module.__name__)
+def test_marked_copies_are_identical(module):
+    text = inspect.getsource(module)
+    marks = MARKER.findall(text)
+    assert marks, f"{module.__name__} has no marked copies"
+    for path, name in marks:
+        source = __import__(path.replace("/", "."), fromlist=[name])
+        assert inspect.getsource(getattr(module, name)) == inspect.getsource(getattr(source, name)), f"{module.__name__}::{name} differs from {path}"
