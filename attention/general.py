@@ -27,7 +27,7 @@ class MultiHeadAttention(nn.Module):
         rope: rotate queries and keys by their positions (rotate-half convention) before the scores.
         rope_base: base of the rotary frequencies, `base ** (-2i / head_dim)`.
 
-    Example:
+    Examples:
         >>> mha = MultiHeadAttention(d_model=64, num_heads=4)
         >>> out, weights = mha(torch.randn(2, 5, 64), torch.randn(2, 7, 64), need_weights=True)
         >>> out.shape, weights.shape

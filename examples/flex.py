@@ -1,0 +1,183 @@
+# %% [markdown]
+# # FlexAttention
+#
+# `FlexCausalAttention` (`attention/causal/flex.py`, registered as `flex`) runs the attention with
+# PyTorch's FlexAttention (`torch.nn.attention.flex_attention`, https://pytorch.org/blog/flexattention/),
+# compiled with `torch.compile`.
+#
+# ## The idea
+#
+# FlexAttention takes the mask as a Python predicate, `mask_mod(b, h, q_idx, kv_idx) -> bool`
+# (True = attend), instead of a tensor. `create_block_mask` evaluates the predicate once per
+# `(Q_LEN, KV_LEN)` and summarises it per block of 128 x 128 positions: which blocks are fully
+# masked (skip), fully visible (no mask needed) or partial (apply the predicate). `torch.compile`
+# then generates one fused kernel, in the style of FlashAttention, that walks only over the blocks
+# that matter. New mask patterns (sliding windows, documents, prefixes) cost a new predicate, not
+# a new kernel. For causal attention about half the blocks are skipped.
+#
+# The module around it is the [split-heads](../split_heads/) shell. Two limits of PyTorch's
+# FlexAttention shape the class: it has no dropout on the attention weights (so `dropout` must be
+# 0), and no backward on CPU or MPS (there the class computes the backward densely, in
+# `FlexDenseBackward`).
+
+# %%
+import inspect
+import textwrap
+import time
+import warnings
+
+import torch
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+from attention.causal.flex import FlexCausalAttention, FlexDenseBackward, causal
+from attention.reference import reference_causal_self_attention
+
+torch.manual_seed(0)
+
+
+# Same as examples/stacked_heads.py::show_source
+def show_source(obj):
+    """Show `obj`'s source, read from the installed package: highlighted in a notebook, printed in a terminal."""
+    where = f"# {obj.__module__.replace('.', '/')}.py: {obj.__qualname__}\n"
+    source = where + textwrap.dedent(inspect.getsource(obj))
+    try:
+        get_ipython  # noqa: B018, F821 -- defined only when running under IPython
+        from IPython.display import Markdown, display
+    except (NameError, ImportError):
+        print(source)
+    else:
+        display(Markdown(f"```python\n{source}```"))
+
+
+def show(name, tensor, letters):
+    print(f"{name:<44} {str(tuple(tensor.shape)):<16} {letters}")
+
+
+# %% [markdown]
+# ## The block mask
+#
+# The causal predicate, and its `BlockMask` for 512 positions: 4 x 4 blocks of 128, of which the
+# 6 above the diagonal are skipped (the printed sparsity), the 4 on the diagonal are partial, and
+# the 6 below are full.
+
+# %%
+show_source(causal)
+block_mask = create_block_mask(causal, B=None, H=None, Q_LEN=512, KV_LEN=512, device="cpu")
+print(block_mask)
+
+# %% [markdown]
+# ## Shapes, step by step
+#
+# Every distinct shape costs a compilation (seconds on CPU), so this page uses one shape
+# throughout: `B = 2`, `T = 16`, `d_in = d_out = 32`, `H = 4`, `D = 8`.
+
+# %%
+B, T, d_model, H = 2, 16, 32, 4
+D = d_model // H
+x = torch.randn(B, T, d_model)
+module = FlexCausalAttention(d_model, d_model, context_length=T, dropout=0.0, num_heads=H).eval()
+with torch.no_grad():
+    show("x", x, "(B, T, d_in)")
+    q = module.query(x).view(B, T, H, D).transpose(1, 2)
+    k = module.key(x).view(B, T, H, D).transpose(1, 2)
+    v = module.value(x).view(B, T, H, D).transpose(1, 2)
+    show("q = query(x).view(B, T, H, D).transpose(1, 2)", q, "(B, H, T, D)")
+    block_mask = module.block_mask(T, x.device)
+    print(f"{'module.block_mask(T, device)':<44} {block_mask.shape}")
+    start = time.perf_counter()
+    out = module(x)
+    print(f"first call (compiles): {time.perf_counter() - start:.1f} s")
+    start = time.perf_counter()
+    out = module(x)
+    print(f"second call: {1000 * (time.perf_counter() - start):.1f} ms")
+    show("module(x)", out, "(B, T, d_out)")
+
+# %% [markdown]
+# ## The code
+
+# %%
+show_source(FlexCausalAttention.block_mask)
+show_source(FlexCausalAttention.forward)
+
+# %% [markdown]
+# Where FlexAttention has no backward (CPU, MPS), the forward still runs the compiled kernel and
+# the backward recomputes the weights densely:
+
+# %%
+show_source(FlexDenseBackward)
+
+# %% [markdown]
+# ## Checked against the float64 reference
+#
+# The output, and the gradient with respect to the input (on CPU, through `FlexDenseBackward`).
+
+# %%
+state = module.canonical_state_dict()
+x_ref = x.clone().requires_grad_()
+expected, _ = reference_causal_self_attention(x_ref, state, num_heads=H)
+grad_out = torch.randn(B, T, d_model, dtype=torch.float64)
+(expected * grad_out).sum().backward()
+
+x_flex = x.clone().requires_grad_()
+out = module(x_flex)
+(out * grad_out.float()).sum().backward()
+error = (out.double() - expected).abs().max().item()
+grad_error = (x_flex.grad.double() - x_ref.grad).abs().max().item()
+print(f"max |out - reference|       = {error:.2e}  (float32)")
+print(f"max |dL/dx - reference|     = {grad_error:.2e}  (float32)")
+assert error < 1e-5 and grad_error < 1e-4, (error, grad_error)
+
+# %% [markdown]
+# ## Pitfalls
+#
+# **A tensor is not a `BlockMask`.** A widely copied FlexAttention class built a dense
+# `(T, T)` boolean tensor and passed it as `block_mask=`. That cannot run:
+
+# %%
+dense = torch.ones(T, T, dtype=torch.bool).tril()
+try:
+    flex_attention(q, k, v, block_mask=dense)
+except Exception as error:  # noqa: BLE001 -- show whatever PyTorch raises
+    print(f"{type(error).__name__}: {error}")
+
+# %% [markdown]
+# The `BlockMask` comes from the predicate, via `create_block_mask`, as in the class above.
+#
+# **Uncompiled, FlexAttention is a slow reference.** The same copied class never called
+# `torch.compile`. Eager `flex_attention` works, but it materialises the full score matrix,
+# which is what FlexAttention exists to avoid, and PyTorch warns about it:
+
+# %%
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    flex_attention(q, k, v, block_mask=module.block_mask(T, x.device))
+for warning in caught:
+    print(str(warning.message).splitlines()[0])
+
+# %% [markdown]
+# The class compiles `flex_attention` once per process (`compiled_flex_attention` at module
+# level) and builds each `BlockMask` once per sequence length and device.
+#
+# **Compilation per shape.** The first call for a new shape or dtype compiles (seconds, see
+# above); after a couple of distinct lengths `torch.compile` switches to a dynamic-shape kernel.
+# Benchmarks must warm up first. And `torch.compile` gives up on a function after 8 recompilations
+# (`torch._dynamo.config.recompile_limit`): every FlexAttention class shares the one
+# `flex_attention` function, so a process that runs several of them over several dtypes and
+# lengths (a benchmark sweep, the [numerics page](../numerics/)) can pass the limit. PyTorch then
+# logs one warning and runs FlexAttention *uncompiled* from there on: still correct, but dense
+# and slow. Raise the limit in such a process, or check `TORCH_LOGS=recompiles`.
+#
+# **No dropout, no CPU backward.** `FlexCausalAttention(dropout=0.1)` raises a `ValueError`
+# rather than silently ignoring the dropout. Training on CPU works through the dense backward
+# above, which materialises the `(T, T)` weights: correct, not fast.
+
+# %%
+try:
+    FlexCausalAttention(32, 32, context_length=16, dropout=0.1, num_heads=4)
+except ValueError as error:
+    print("ValueError:", error)
+
+# %% [markdown]
+# **An fp32 FlexAttention run is not "FlashAttention" either.** The compiled kernel follows the
+# FlashAttention algorithm, but it is Triton (CUDA) or C++ (CPU) code generated by
+# `torch.compile`, not the FlashAttention library; call its numbers "FlexAttention".

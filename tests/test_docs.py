@@ -1,0 +1,204 @@
+"""The documentation: example scripts, code blocks in the Markdown pages, and the strict build.
+
+* Every `examples/*.py` runs as a plain script (`python examples/x.py`), as a reader would run it.
+* The ```python code blocks of each page under docs/ run in order, in one fresh namespace per
+  page. A block whose first line is `# skip-test` is not run: use it for code that needs a GPU,
+  the network or minutes of time, and say so in the page.
+* `mkdocs build --strict` succeeds (the `built_site` fixture in conftest.py), its pages load
+  nothing from other hosts, and a failing example cell fails the build.
+* The hook that brings examples/ into the build enables mkdocs-jupyter's cache under
+  `mkdocs serve` only.
+"""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+PAGES = sorted(path for path in (ROOT / "docs").rglob("*.md") if "_hooks" not in path.parts)
+HOOK = ROOT / "docs" / "_hooks" / "examples.py"
+SCRIPT_TIMEOUT_S = 600
+# examples/benchmark.py runs the benchmark's quick profile (minutes on a small CPU): a slow test.
+SLOW_SCRIPTS = {"benchmark.py"}
+FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<ticks>```+)[ \t]*(?P<info>[^\n`]*)\n(?P<body>.*?)^(?P=indent)(?P=ticks)[ \t]*$",
+                   re.MULTILINE | re.DOTALL)
+SKIP_MARK = "# skip-test"
+
+
+def script_env():
+    return {**os.environ, "MPLBACKEND": "Agg", "PYTHONPATH": str(ROOT)}
+
+
+@pytest.mark.parametrize("script", [
+    pytest.param(path, id=path.name, marks=[pytest.mark.slow] if path.name in SLOW_SCRIPTS else [])
+    for path in EXAMPLES
+])
+def test_example_runs_as_a_plain_script(script):
+    command = [sys.executable, str(script.relative_to(ROOT))]
+    result = subprocess.run(command, cwd=ROOT, env=script_env(), capture_output=True, text=True,
+                            timeout=SCRIPT_TIMEOUT_S)
+    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
+
+
+def python_blocks(page):
+    """The ```python / ```py fences of a Markdown page, dedented (content tabs indent them)."""
+    blocks = []
+    for match in FENCE.finditer(page.read_text(encoding="utf-8")):
+        language = match["info"].split()[0] if match["info"].split() else ""
+        if language.lower() in ("python", "py"):
+            body = textwrap.dedent(match["body"])
+            blocks.append((page.read_text(encoding="utf-8")[: match.start()].count("\n") + 1, body))
+    return blocks
+
+
+def test_fence_extraction_finds_indented_blocks_and_skip_marks(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text('Text\n\n```python\nx = 1\n```\n\n=== "Tab"\n\n    ```python title="a.py"\n    y = x + 1\n    ```\n\n'
+                    "```bash\nls\n```\n\n```python\n# skip-test\nraise SystemExit\n```\n")
+    blocks = python_blocks(page)
+    assert [body for _, body in blocks] == ["x = 1\n", "y = x + 1\n", "# skip-test\nraise SystemExit\n"]
+    assert [line for line, _ in blocks] == [3, 9, 17]  # the fence lines
+
+
+@pytest.mark.parametrize("page", [
+    pytest.param(page, id=str(page.relative_to(ROOT / "docs"))) for page in PAGES if python_blocks(page)
+])
+def test_markdown_python_blocks_run(page, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    namespace = {"__name__": "__docs__"}
+    for line, body in python_blocks(page):
+        if body.lstrip().startswith(SKIP_MARK):
+            continue
+        code = compile(body, f"{page.relative_to(ROOT)}:{line}", "exec")
+        exec(code, namespace)  # noqa: S102 -- running the documentation's own examples is the point
+
+
+def test_every_page_with_code_is_tested():
+    """The home page and the getting-started page carry runnable examples; a regex change must not lose them."""
+    tested = {page.relative_to(ROOT / "docs").as_posix() for page in PAGES if python_blocks(page)}
+    assert {"index.md", "getting-started.md"} <= tested, tested
+
+
+COPY_MARKER = re.compile(r"^# Same as (?P<path>examples/[\w.]+\.py)::(?P<name>\w+)\s*$", re.MULTILINE)
+
+
+def top_level_sources(text):
+    import ast
+
+    lines = text.splitlines()
+    return {node.name: "\n".join(lines[node.lineno - 1:node.end_lineno])
+            for node in ast.parse(text).body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+
+
+def test_marked_helper_copies_in_examples_are_identical():
+    """Each example is one self-contained file, so small helpers repeat, marked as in attention/."""
+    checked = 0
+    for script in EXAMPLES:
+        text = script.read_text(encoding="utf-8")
+        for match in COPY_MARKER.finditer(text):
+            following = text[match.end() + 1:]
+            copy = top_level_sources(following[: following.find("\n\n\n")] if "\n\n\n" in following else following)
+            original = top_level_sources((ROOT / match["path"]).read_text(encoding="utf-8"))
+            assert match["name"] in original, f"{script.name}: {match['path']} has no {match['name']}"
+            assert copy.get(match["name"]) == original[match["name"]], f"{script.name}::{match['name']} drifted"
+            checked += 1
+    assert checked >= 7, checked
+
+
+# ----------------------------------------------------------------------------------------------
+# mkdocs.yml and the hook
+# ----------------------------------------------------------------------------------------------
+
+
+def jupyter_plugin_options():
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    for entry in config["plugins"]:
+        if isinstance(entry, dict) and "mkdocs-jupyter" in entry:
+            return config, entry["mkdocs-jupyter"]
+    raise AssertionError("mkdocs.yml has no mkdocs-jupyter plugin entry")
+
+
+def test_mkdocs_yml_executes_examples_strictly_and_offline():
+    config, options = jupyter_plugin_options()
+    assert config["strict"] is True
+    assert options["execute"] is True and options["allow_errors"] is False
+    assert options["include"] == ["examples/*.py"], "without `include`, every .py in the build becomes a page"
+    assert options["include_requirejs"] is False and options["cache"] is False
+    assert config["theme"]["font"] is False, "the default font comes from Google Fonts"
+    nav_targets = re.findall(r"examples/\w+\.py", yaml.safe_dump(config["nav"]))
+    scripts = {f"examples/{path.name}" for path in EXAMPLES}
+    assert set(nav_targets) <= scripts, f"the nav names missing scripts: {sorted(set(nav_targets) - scripts)}"
+    # A script missing from the nav is still executed and published (MkDocs lists it at INFO level).
+
+
+def test_hook_caches_executed_examples_under_serve_only():
+    from mkdocs.config import load_config
+
+    config = load_config(str(ROOT / "mkdocs.yml"))
+    hook = config.hooks[HOOK.relative_to(ROOT).as_posix()]  # the module, keyed as mkdocs.yml names it
+    plugin = config.plugins["mkdocs-jupyter"]
+    try:
+        hook.on_startup(command="serve", dirty=False)
+        hook.on_config(config)
+        assert plugin.config["cache"] is True
+        cache_dir = pathlib.Path(plugin.config["cache_dir"])
+        assert cache_dir.name == hook.package_hash(ROOT) and cache_dir.parent == ROOT / ".cache" / "mkdocs-jupyter"
+        hook.on_startup(command="build", dirty=False)
+        hook.on_config(config)
+        assert plugin.config["cache"] is False
+    finally:
+        hook.on_startup(command="build", dirty=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# Builds
+# ----------------------------------------------------------------------------------------------
+
+OFFSITE_TAG = re.compile(r"<(?:script|link|img|iframe|source|video|audio)\b[^>]*?\b(?:src|href)\s*=\s*[\"']?(?:https?:)?//", re.I)
+
+
+@pytest.mark.slow
+def test_strict_build_publishes_every_example_offline(built_site):
+    site = pathlib.Path(built_site)
+    for script in EXAMPLES:  # every example is a page, in the nav or not
+        page = site / "examples" / script.stem
+        assert (page / "index.html").is_file(), f"no page for {script.name}"
+        assert (page / script.name).is_file() and (page / f"{script.stem}.ipynb").is_file(), f"no downloads for {script.name}"
+        html = (page / "index.html").read_text(encoding="utf-8")
+        assert "Load mathjax" not in html and "mermaid.esm" not in html, f"{script.name}: CDN loaders left in the page"
+    offsite = []
+    for page in site.rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        offsite += [f"{page.relative_to(site)}: {text[m.start():m.end() + 60]}" for m in OFFSITE_TAG.finditer(text)]
+    assert not offsite, "tags that load from other hosts:\n" + "\n".join(offsite[:20])
+    numerics = (site / "examples" / "numerics" / "index.html").read_text(encoding="utf-8")
+    assert re.search(r'<img [^>]*src="data:image/png;base64,', numerics), "the numerics page has no figure"
+
+
+@pytest.mark.slow
+def test_a_failing_example_fails_the_build(tmp_path):
+    """The real hook and mkdocs-jupyter settings, on a one-page site whose example raises."""
+    config, options = jupyter_plugin_options()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "index.md").write_text("# Home\n")
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "broken.py").write_text(
+        '# %% [markdown]\n# # Broken\n\n# %%\nprint("before")\n\n# %%\nraise RuntimeError("this example is broken")\n')
+    site_config = {
+        "site_name": "broken", "strict": True, "hooks": [str(HOOK)],
+        "plugins": [{"mkdocs-jupyter": options}], "nav": ["index.md", "examples/broken.py"],
+    }
+    (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(site_config))
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
+                            cwd=tmp_path, env={**script_env(), "NO_MKDOCS_2_WARNING": "1"},
+                            capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, f"the build passed although an example raised:\n{output[-4000:]}"
+    assert "this example is broken" in output, output[-4000:]
