@@ -1,0 +1,119 @@
+"""`python -m attention.bench`: benchmark every registered implementation, print tables, save JSON.
+
+Examples:
+
+    python -m attention.bench --quick --out docs/results/cpu-quick.json
+    python -m attention.bench --device cuda --dtype bfloat16 --mode both --compile --out results.json
+    python -m attention.bench --impl sdpa_causal flex --batch 4 --seq-len 2048 --seq-lens none
+"""
+
+import argparse
+import sys
+
+from attention.bench.harness import (DEVICES, DTYPES, MODE_CHOICES, BenchConfig, quick_config, run_benchmark,
+                                     select_implementations, write_result)
+from attention.registry import IMPLEMENTATIONS
+
+
+def seq_lens_argument(text):
+    """"128,256,512" or "128 256" -> (128, 256, 512); "none" -> () (no sweep)."""
+    if text.strip().lower() in ("none", ""):
+        return ()
+    try:
+        values = tuple(int(part) for part in text.replace(",", " ").split())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seq-lens must be integers separated by commas, or 'none', got {text!r}")
+    if any(value <= 0 for value in values):
+        raise argparse.ArgumentTypeError(f"--seq-lens must be positive, got {text!r}")
+    return values
+
+
+def positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="python -m attention.bench",
+        description="Benchmark the registered causal self-attention implementations: each is checked against "
+                    "the float64 reference, then timed. Defaults: GPT-2 small (B=8, T=1024, d_model=768, 12 heads) "
+                    "plus a sequence-length sweep.",
+    )
+    parser.add_argument("--device", choices=DEVICES, default="auto", help="default: auto (CUDA, else MPS, else CPU)")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="float32",
+                        help="tf32 = float32 tensors with TensorFloat-32 matmuls (CUDA only)")
+    parser.add_argument("--mode", choices=list(MODE_CHOICES), default="both",
+                        help="forward, backward (= forward+backward) or both (default)")
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile'd versions, as separate rows")
+    parser.add_argument("--quick", action="store_true",
+                        help="the docs profile: batch 1, T=256..1024, short timing; explicit size options override it")
+    parser.add_argument("--batch", type=positive_int, help="headline batch size (default 8)")
+    parser.add_argument("--seq-len", type=positive_int, help="headline sequence length (default 1024)")
+    parser.add_argument("--seq-lens", type=seq_lens_argument,
+                        help="sweep lengths, e.g. 128,256,512 or 'none' (default 128..4096 on CPU, ..16384 on CUDA)")
+    parser.add_argument("--sweep-batch", type=positive_int,
+                        help="batch size of the sweep (default 1 on CPU/MPS, --batch on CUDA)")
+    parser.add_argument("--d-model", type=positive_int, help="output features d_out (default 768)")
+    parser.add_argument("--d-in", type=positive_int, help="input features (default: d_model)")
+    parser.add_argument("--heads", type=positive_int, help="number of heads (default 12)")
+    parser.add_argument("--impl", nargs="+", metavar="NAME", help="implementations to run (default: all registered)")
+    parser.add_argument("--min-run-time", type=float, help="seconds of timing per row at least (default 1.0)")
+    parser.add_argument("--repeats", type=positive_int, help="timing blocks per row at least (default 5)")
+    parser.add_argument("--matmul-size", type=positive_int, help="side of the peak matmul (default 2048 CPU, 4096 GPU)")
+    parser.add_argument("--seed", type=int, help="seed of the weights and inputs (default 0)")
+    parser.add_argument("--out", metavar="FILE",
+                        help="write the JSON result here (rewritten after each implementation while running)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    return parser
+
+
+def config_from_args(args):
+    """The `BenchConfig` the parsed arguments ask for."""
+    overrides = {
+        "device": args.device, "dtype": args.dtype, "modes": MODE_CHOICES[args.mode], "compile": args.compile,
+        "batch": args.batch, "seq_len": args.seq_len, "seq_lens": args.seq_lens, "sweep_batch": args.sweep_batch,
+        "d_model": args.d_model, "d_in": args.d_in, "num_heads": args.heads, "implementations": args.impl,
+        "min_run_time": args.min_run_time, "min_repeats": args.repeats, "matmul_size": args.matmul_size,
+        "seed": args.seed,
+    }
+    overrides = {key: value for key, value in overrides.items() if value is not None}
+    if args.quick:
+        return quick_config(**overrides)
+    custom = any(key in overrides for key in ("batch", "seq_len", "seq_lens", "sweep_batch", "d_model", "d_in",
+                                               "num_heads", "min_run_time", "min_repeats"))
+    return BenchConfig(profile="custom" if custom else "default", **overrides)
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args).resolve()
+    except ValueError as error:
+        parser.error(str(error))
+    try:
+        select_implementations(IMPLEMENTATIONS, config.implementations)
+    except ValueError as error:
+        parser.error(str(error))
+    result = run_benchmark(config, progress=not args.quiet, checkpoint=args.out,
+                           argv=None if argv is None else ["python", "-m", "attention.bench", *argv])
+    if args.out:
+        write_result(result, args.out)
+    from attention.bench.render import markdown_tables, provenance_summary
+
+    print(provenance_summary(result))
+    print()
+    print(markdown_tables(result))
+    if args.out:
+        print(f"\nwrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""MkDocs hook: the benchmark results on the Benchmarks page and the home page.
+
+* `on_pre_build` runs the benchmark's quick profile on this machine's CPU
+  (`python -m attention.bench --quick --device cpu`), so the "CPU, this build" tab shows numbers
+  measured by the very build that publishes them. Under `mkdocs serve` the run is cached in
+  `.cache/bench/`, keyed on a hash of the `attention/` sources, so editing a page does not re-run it;
+  `mkdocs build` (CI) always measures afresh. The path of the result is exported as
+  `ATTENTION_BENCH_QUICK_RESULT` so `examples/benchmark.py`, executed later in the same build,
+  renders the same run instead of timing a second one.
+* `on_files` draws the charts (matplotlib, PNG) of that run and of every recorded results file in
+  `docs/results/` and adds them to the site as generated files.
+* `on_page_markdown` replaces `<!-- benchmark-tabs -->` in `benchmarks.md` with one content tab per
+  device (CPU this build, CPU recorded, NVIDIA CUDA, Apple MPS), each with its provenance, tables
+  and charts, and `<!-- headline-charts -->` in `index.md` with one headline chart per device.
+  A device with no recorded run says how to produce one.
+"""
+
+import io
+import logging
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+from mkdocs.exceptions import PluginError
+from mkdocs.structure.files import File
+
+log = logging.getLogger("mkdocs.hooks.benchmarks")
+
+QUICK_TIMEOUT_S = 15 * 60
+ENV_VAR = "ATTENTION_BENCH_QUICK_RESULT"
+ASSETS = "assets/benchmarks"
+DEVICES = {  # device type -> tab title and the command that records a run
+    "cuda": ("NVIDIA CUDA", "python -m attention.bench --device cuda --dtype bfloat16 --mode both --compile "
+                            "--out docs/results/cuda-<gpu>-bfloat16.json"),
+    "mps": ("Apple MPS", "python -m attention.bench --device mps --dtype float32 --mode both "
+                         "--out docs/results/mps-<chip>-float32.json"),
+}
+
+state = {"command": "build", "build_result": None, "recorded": [], "charts": {}}
+
+
+def on_startup(command, dirty):
+    state["command"] = command
+
+
+def project_root(config):
+    return pathlib.Path(config.config_file_path).resolve().parent
+
+
+def on_pre_build(config):
+    from attention.bench import render, source_hash
+
+    root = project_root(config)
+    if state["command"] == "serve":
+        out = root / ".cache" / "bench" / f"cpu-quick-{source_hash()[:16]}.json"
+    else:
+        out = pathlib.Path(tempfile.mkdtemp(prefix="attention-bench-")) / "cpu-quick.json"
+    if not (state["command"] == "serve" and out.exists()):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "attention.bench", "--quick", "--device", "cpu", "--out", str(out)]
+        log.info("running the quick benchmark for the CPU tab: %s", " ".join(command[1:]))
+        started = time.perf_counter()
+        try:
+            finished = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=QUICK_TIMEOUT_S)
+        except subprocess.TimeoutExpired as error:
+            raise PluginError(f"the quick benchmark ran past {QUICK_TIMEOUT_S} s") from error
+        if finished.returncode != 0:
+            raise PluginError(f"the quick benchmark failed:\n{finished.stderr[-4000:]}")
+        log.info("quick benchmark done in %.0f s", time.perf_counter() - started)
+    os.environ[ENV_VAR] = str(out)
+    state["build_result"] = render.load_result(out)
+    state["recorded"] = [(path, render.load_result(path)) for path in render.find_results(root / "docs" / "results")]
+
+
+def figure_png(fig):
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def chart_set(slug, result):
+    """The charts of one result as {kind: (uri, alt text, png bytes)}."""
+    from attention.bench import render
+
+    device = result["provenance"]["device"]["name"]
+    charts = {"bars": (render.plot_bars(result), f"median time per implementation at the headline shape, {device}")}
+    if render.sweep_rows(result, "forward"):
+        charts["time"] = (render.plot_time_vs_seq_len(result, "forward"), f"forward time against sequence length, {device}")
+        charts["memory"] = (render.plot_memory_vs_seq_len(result, "forward"), f"forward peak memory against sequence length, {device}")
+    if render.sweep_rows(result, "forward_backward"):
+        charts["time_fb"] = (render.plot_time_vs_seq_len(result, "forward_backward"),
+                             f"forward + backward time against sequence length, {device}")
+    return {kind: (f"{ASSETS}/{slug}-{kind}.png", alt, figure_png(fig)) for kind, (fig, alt) in charts.items()}
+
+
+def on_files(files, config):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    state["charts"] = {"build": chart_set("cpu-build", state["build_result"])}
+    for path, result in state["recorded"]:
+        state["charts"][path.stem] = chart_set(path.stem, result)
+    for charts in state["charts"].values():
+        for uri, _alt, png in charts.values():
+            files.append(File.generated(config, uri, content=png))
+    return files
+
+
+def images(charts, page_dir):
+    """Markdown image lines for one chart set, with links relative to the page's source folder."""
+    prefix = "../" * page_dir.count("/") if page_dir else ""
+    return "\n\n".join(f"![{alt}]({prefix}{uri})" for uri, alt, _png in charts.values())
+
+
+def result_section(title, result, charts):
+    from attention.bench import render
+
+    parts = [f"**{title}**", render.provenance_summary(result), render.markdown_tables(result, include_sweep=True),
+             images(charts, "")]
+    return "\n\n".join(part.strip() for part in parts if part.strip())
+
+
+def tab(title, body):
+    return f'=== "{title}"\n\n' + textwrap.indent(body, "    ") + "\n"
+
+
+def benchmark_tabs():
+    recorded = state["recorded"]
+    tabs = [tab("CPU, this build", result_section(
+        "Measured while this site was built (quick profile).", state["build_result"], state["charts"]["build"]))]
+    cpu_runs = [(path, result) for path, result in recorded if result["device_type"] == "cpu"]
+    if cpu_runs:
+        tabs.append(tab("CPU, recorded", "\n\n".join(
+            result_section(f"`docs/results/{path.name}`", result, state["charts"][path.stem]) for path, result in cpu_runs)))
+    for device_type, (title, command) in DEVICES.items():
+        runs = [(path, result) for path, result in recorded if result["device_type"] == device_type]
+        if runs:
+            body = "\n\n".join(result_section(f"`docs/results/{path.name}`", result, state["charts"][path.stem])
+                               for path, result in runs)
+        else:
+            body = (f"No {title} run has been recorded yet. On a machine with one, run\n\n"
+                    f"```bash\n{command}\n```\n\nand commit the JSON file under `docs/results/`: "
+                    "this tab then shows it, with its provenance.")
+        tabs.append(tab(title, body))
+    return "\n".join(tabs)
+
+
+def headline_charts():
+    """One tab per device with a bar chart at the headline shape (the build's run, then recorded runs)."""
+    from attention.bench import render
+
+    build = state["build_result"]
+    tabs = [tab("CPU, this build", f"{build['provenance']['device']['name']}, quick profile, {build['dtype']}.\n\n"
+                + images({"bars": state["charts"]["build"]["bars"]}, ""))]
+    for device_type, (title, _command) in {"cpu": ("CPU, recorded", None), **DEVICES}.items():
+        runs = [(path, result) for path, result in state["recorded"] if result["device_type"] == device_type]
+        if runs:
+            path, result = runs[0]
+            tabs.append(tab(title, f"{result['provenance']['device']['name']}, {result['dtype']}, "
+                                   f"recorded {result['provenance']['date_utc'][:10]}"
+                                   + (" (predates the current code)" if render.is_stale(result) else "") + ".\n\n"
+                            + images({"bars": state["charts"][path.stem]["bars"]}, "")))
+        elif device_type != "cpu":
+            tabs.append(tab(title, f"No recorded run yet: see [Benchmarks](benchmarks.md) for how to make one."))
+    return "\n".join(tabs) + "\nFull tables, sweeps and provenance: [Benchmarks](benchmarks.md).\n"
+
+
+def on_page_markdown(markdown, page, config, files):
+    if page.file.src_uri == "benchmarks.md":
+        return markdown.replace("<!-- benchmark-tabs -->", benchmark_tabs())
+    if page.file.src_uri == "index.md":
+        return markdown.replace("<!-- headline-charts -->", headline_charts())
+    return markdown

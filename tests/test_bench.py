@@ -1,0 +1,313 @@
+"""The benchmark harness: schema, provenance, correctness gate, errors, CLI and renderer, at tiny sizes.
+
+No assertion here depends on a measured time: machines differ and shared machines are noisy.
+FlexAttention is left out (its first compile takes many seconds on CPU); `torch.compile` rows use
+the "eager" backend, which exercises the same plumbing without code generation.
+"""
+
+import datetime
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from attention.bench import metrics, render
+from attention.bench.__main__ import build_parser, config_from_args, main
+from attention.bench.harness import BenchConfig, quick_config, rank_rows, run_benchmark
+from attention.bench.provenance import SCHEMA_VERSION, source_files, source_hash
+from attention.causal.sdpa_causal import SDPACausalAttention
+from attention.causal.split_heads import SplitHeadsAttention
+from attention.causal.torch_mha import TorchMultiheadAttention
+
+TINY = dict(device="cpu", batch=2, seq_len=16, sweep_batch=1, seq_lens=(8, 16), d_model=32, num_heads=2,
+            min_run_time=0.01, min_repeats=2, warmup_time=0.0, matmul_size=64)
+TINY_CLI = ["--device", "cpu", "--batch", "1", "--seq-len", "16", "--seq-lens", "none", "--d-model", "32",
+            "--heads", "2", "--mode", "forward", "--min-run-time", "0.01", "--repeats", "2", "--matmul-size", "64",
+            "--quiet"]
+
+
+class WrongSoftmaxAttention(SplitHeadsAttention):
+    """A planted bug: the softmax normalises over the queries (dim=-2) instead of the keys."""
+
+    def forward(self, x):
+        B, T, C = x.shape
+        H, D = self.num_heads, self.head_dim
+        q = self.query(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k = self.key(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        v = self.value(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(D)  # (B, H, T, T)
+        scores = scores.masked_fill(~self.causal_mask[:T, :T], float("-inf"))
+        attn_weights = torch.softmax(scores, dim=-2)  # wrong axis
+        context = (attn_weights @ v).transpose(1, 2).reshape(B, T, self.d_out)  # (B, T, H*D)
+        return self.out(context)  # (B, T, d_out)
+
+
+@pytest.fixture(scope="module")
+def result():
+    """One tiny run with a correct pair of implementations and a planted wrong one."""
+    implementations = {"split_heads": SplitHeadsAttention, "sdpa_causal": SDPACausalAttention,
+                       "wrong_softmax": WrongSoftmaxAttention}
+    return run_benchmark(BenchConfig(**TINY), implementations=implementations, progress=False,
+                         argv=["pytest", "tests/test_bench.py"])
+
+
+def test_result_has_schema_and_provenance(result):
+    assert result["schema_version"] == SCHEMA_VERSION
+    assert result["complete"] is True
+    assert result["device_type"] == "cpu" and result["dtype"] == "float32"
+    provenance = result["provenance"]
+    datetime.datetime.fromisoformat(provenance["date_utc"])
+    assert provenance["torch"] == torch.__version__
+    assert len(provenance["source_hash"]) == 64 and int(provenance["source_hash"], 16) >= 0  # sha256 hex
+    assert "attention/bench/harness.py" in provenance["source_files"]
+    assert provenance["command"] == "pytest tests/test_bench.py"
+    assert set(provenance["git"]) == {"commit", "dirty"}
+    assert provenance["device"]["name"] and provenance["device"]["cpu_count"] >= 1
+    assert provenance["device"]["torch_num_threads"] == torch.get_num_threads()
+    assert {"cuda", "cudnn", "python", "platform", "source_files", "duration_s"} <= set(provenance)
+    assert result["matmul_peak"]["tflops"] > 0
+    json.dumps(result, allow_nan=False)  # plain JSON, no NaN or infinity
+
+
+def test_every_row_is_complete(result):
+    shapes = [(2, 16), (1, 8), (1, 16)]
+    assert len(result["rows"]) == len(shapes) * 3 * 2  # shapes x implementations x modes
+    for row in result["rows"]:
+        assert row["status"] == "ok", row
+        assert row["ms_q1"] <= row["ms_median"] <= row["ms_q3"]
+        assert row["repeats"] >= 2 and row["first_call_s"] > 0
+        assert row["tflops"] > 0 and row["share_of_matmul_peak"] > 0
+        assert row["peak_memory_bytes"] > 0
+        assert row["peak_rss_growth_bytes"] is None or row["peak_rss_growth_bytes"] >= 0
+        assert row["cpu_utilization"] > 0  # CPU rows say how much of the cores the run got
+        expected = metrics.attention_flops(row["batch"], row["seq_len"], 32, 32, 2, row["mode"])
+        assert row["flops_total"] == expected["total"]
+        if row["implementation"] == "sdpa_causal":
+            assert set(row["sdpa_backends"]) <= {"flash (cpu)", "math"} and row["sdpa_ops"]
+        else:
+            assert row["sdpa_backends"] == ["n/a"] and row["sdpa_ops"] == []
+
+
+def test_planted_wrong_implementation_is_flagged_and_unranked(result):
+    for row in result["rows"]:
+        if row["implementation"] == "wrong_softmax":
+            assert row["correct"] is False
+            assert row["max_abs_error"] > row["tolerance"]["atol"]
+        else:
+            assert row["correct"] is True
+    for ranking in result["rankings"]:
+        assert "wrong_softmax" not in ranking["order"]
+        assert ranking["excluded"]["wrong_softmax"].startswith("incorrect")
+        assert set(ranking["order"]) == {"split_heads", "sdpa_causal"}
+        assert ranking["fastest"] == ranking["order"][0]
+    table = render.results_table(result, "forward")
+    wrong_line = next(line for line in table.splitlines() if "wrong_softmax" in line)
+    assert wrong_line.startswith("|  |") and "**no**" in wrong_line
+
+
+def test_constructor_refusal_is_recorded_as_skipped():
+    config = BenchConfig(**{**TINY, "d_in": 16, "seq_lens": (), "modes": ("forward",)})
+    run = run_benchmark(config, implementations={"torch_mha": TorchMultiheadAttention,
+                                                 "split_heads": SplitHeadsAttention}, progress=False)
+    by_name = {row["implementation"]: row for row in run["rows"]}
+    assert by_name["torch_mha"]["status"] == "skipped"
+    assert "d_in" in by_name["torch_mha"]["reason"] and by_name["torch_mha"]["ms_median"] is None
+    assert by_name["split_heads"]["status"] == "ok" and by_name["split_heads"]["correct"] is True
+    assert run["rankings"][0]["order"] == ["split_heads"]
+
+
+def test_compiled_rows_report_compile_time_apart():
+    config = BenchConfig(**{**TINY, "seq_lens": (), "modes": ("forward",), "compile": True, "compile_backend": "eager"})
+    run = run_benchmark(config, implementations={"split_heads": SplitHeadsAttention}, progress=False)
+    eager, compiled = run["rows"]
+    assert (eager["compiled"], compiled["compiled"]) == (False, True)
+    assert compiled["label"] == "split_heads (compiled)" and compiled["correct"] is True
+    assert compiled["compiled_graphs"] >= 1 and compiled["compile_s"] == compiled["first_call_s"]
+    assert eager["compile_s"] is None
+
+
+@pytest.mark.parametrize("field, value", [("device", "tpu"), ("dtype", "float8"), ("modes", ("sideways",))])
+def test_unknown_settings_raise_clear_errors(field, value):
+    with pytest.raises(ValueError, match=str(value[0] if isinstance(value, tuple) else value)):
+        BenchConfig(**{field: value}).resolve()
+
+
+@pytest.mark.parametrize("flag, value", [("--device", "tpu"), ("--dtype", "float8"), ("--mode", "sideways")])
+def test_cli_rejects_unknown_choices(flag, value, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([flag, value])
+    assert exit_info.value.code == 2
+    assert f"invalid choice: '{value}'" in capsys.readouterr().err
+
+
+def test_cli_rejects_unknown_implementation(capsys):
+    with pytest.raises(SystemExit):
+        main([*TINY_CLI, "--impl", "no_such_thing"])
+    assert "no_such_thing" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised where CUDA is missing")
+def test_cuda_unavailable_is_a_clear_error(capsys):
+    with pytest.raises(ValueError, match="cuda"):
+        BenchConfig(device="cuda").resolve()
+    with pytest.raises(SystemExit):
+        main(["--device", "cuda"])
+    assert "torch.cuda.is_available() is False" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.backends.mps.is_available(), reason="checks the error raised where MPS is missing")
+def test_mps_unavailable_is_a_clear_error():
+    with pytest.raises(ValueError, match="mps"):
+        BenchConfig(device="mps").resolve()
+
+
+def test_tf32_off_cuda_is_a_clear_error():
+    with pytest.raises(ValueError, match="tf32"):
+        BenchConfig(device="cpu", dtype="tf32").resolve()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA)")
+def test_cuda_run_names_the_sdpa_kernel_that_ran():
+    config = BenchConfig(**{**TINY, "device": "cuda", "dtype": "bfloat16", "d_model": 128, "seq_lens": ()})
+    run = run_benchmark(config, implementations={"sdpa_causal": SDPACausalAttention,
+                                                 "split_heads": SplitHeadsAttention}, progress=False)
+    for row in run["rows"]:
+        assert row["status"] == "ok" and row["correct"] is True
+        assert row["peak_memory_bytes"] > 0
+        if row["implementation"] == "sdpa_causal":
+            assert set(row["sdpa_backends"]) <= {"flash", "efficient", "cudnn", "math"}
+        else:
+            assert row["sdpa_backends"] == ["n/a"]
+
+
+def test_sdpa_backend_detection_reports_what_ran():
+    q = k = v = torch.randn(1, 2, 8, 4)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def math_only():
+        with sdpa_kernel(SDPBackend.MATH):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    assert metrics.profile_call(math_only, "cpu")["backends"] == ["math"]
+    assert metrics.profile_call(lambda: q @ k.transpose(-2, -1), "cpu")["backends"] == ["n/a"]
+
+
+def allocate_in_steps():
+    """Live tensor memory peaks at 4 x 16 MiB: `out`, `nxt`, `extra` and the next `out`."""
+    size = 4 * 2**20  # float32 elements: 16 MiB
+    out = torch.ones(size)
+    for _ in range(4):
+        nxt = out * 2  # 16 MiB more while `out` is alive
+        extra = nxt + 1  # and a third
+        out = extra - nxt  # frees the old `out` once reassigned
+        del nxt, extra
+    return float(out[-1])
+
+
+def test_cpu_tensor_peak_memory_is_exact():
+    peak = metrics.profile_call(allocate_in_steps, "cpu")["cpu_tensor_peak_bytes"]
+    assert peak == 4 * 16 * 2**20  # out, nxt, extra and the new out are alive together
+
+
+@pytest.mark.skipif(not metrics.cpu_peak_memory_supported(), reason="needs Linux /proc/self/clear_refs")
+def test_cpu_rss_growth_sees_the_allocations():
+    growth = metrics.rss_growth(allocate_in_steps)
+    assert 3 * 16 * 2**20 <= growth <= 16 * 16 * 2**20  # at least the live peak; fragmentation may add
+
+
+def test_flop_convention_for_gpt2_small():
+    forward = metrics.attention_flops(8, 1024, 768, 768, 12, "forward")
+    assert forward["projections"] == 2 * 8 * 1024 * 768 * 768 * 4
+    assert forward["attention"] == 4 * 8 * 12 * 1024 * 1024 * 64 // 2
+    both = metrics.attention_flops(8, 1024, 768, 768, 12, "forward_backward")
+    assert both["projections"] == 3 * forward["projections"]
+    assert both["attention"] == 3.5 * forward["attention"]
+
+
+def test_rankings_leave_out_failed_and_unchecked_rows():
+    rows = [dict(mode="forward", batch=1, seq_len=8, label=name, status=status, correct=correct, ms_median=ms,
+                 reason=None, max_abs_error=None)
+            for name, status, correct, ms in [("a", "ok", True, 2.0), ("b", "ok", True, 1.0),
+                                              ("c", "failed", None, None), ("d", "ok", None, 0.5)]]
+    (ranking,) = rank_rows(rows)
+    assert ranking["order"] == ["b", "a"] and ranking["fastest"] == "b"
+    assert set(ranking["excluded"]) == {"c", "d"}
+
+
+def test_quick_profile_settings():
+    config = quick_config(device="cpu").resolve()
+    assert config.profile == "quick" and config.d_model == 768 and config.num_heads == 12
+    assert config.shapes()[0] == (1, 1024) and len(config.shapes()) == len(config.seq_lens)
+    from_cli = config_from_args(build_parser().parse_args(["--quick", "--device", "cpu", "--mode", "forward"]))
+    assert from_cli == quick_config(device="cpu", modes=("forward",))
+
+
+def test_default_profile_is_gpt2_small_with_a_sweep():
+    config = config_from_args(build_parser().parse_args(["--device", "cpu"])).resolve()
+    assert (config.batch, config.seq_len, config.d_model, config.num_heads) == (8, 1024, 768, 12)
+    assert config.seq_lens == (128, 256, 512, 1024, 2048, 4096) and config.sweep_batch == 1
+    assert config.modes == ("forward", "forward_backward") and config.profile == "default"
+
+
+def test_staleness(result):
+    # Other work may edit attention/ while the tests run: compare with the sources as they are now.
+    edited = json.loads(json.dumps(result))
+    edited["provenance"]["source_hash"] = source_hash()
+    edited["provenance"]["source_files"] = source_files()
+    assert not render.is_stale(edited)
+    assert render.changed_sources(edited) == []
+    assert "Current" in render.provenance_summary(edited)
+    edited["provenance"]["source_hash"] = "0" * 64
+    edited["provenance"]["source_files"]["attention/causal/flex.py"] = "0" * 64
+    assert render.is_stale(edited)
+    assert render.changed_sources(edited) == ["attention/causal/flex.py"]
+    assert "Stale" in render.provenance_summary(edited)
+
+
+def test_renderer_tables_and_charts(result, tmp_path):
+    tables = render.markdown_tables(result, include_sweep=True)
+    assert tables.count("| # | implementation |") == 2  # one headline table per mode
+    assert "T=8" in tables and "split_heads" in tables
+    summary = render.provenance_summary(result)
+    assert "torch " + torch.__version__ in summary and result["provenance"]["command"] in summary
+    assert "MiB" in render.sweep_table(result, "forward", "peak_memory_bytes")
+
+    path = tmp_path / "cpu-tiny.json"
+    path.write_text(json.dumps(result))
+    assert render.find_results(tmp_path, device_type="cpu") == [path]
+    assert render.find_results(tmp_path, device_type="cuda") == []
+    assert render.load_result(path)["rows"] == result["rows"]
+
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for figure in (render.plot_bars(result), render.plot_time_vs_seq_len(result, "forward"),
+                   render.plot_memory_vs_seq_len(result, "forward_backward")):
+        assert isinstance(figure, matplotlib.figure.Figure)
+        assert all(ax.get_title() or figure._suptitle for ax in figure.axes)
+        plt.close(figure)
+
+
+def test_cli_end_to_end(tmp_path):
+    out = tmp_path / "cpu-cli.json"
+    completed = subprocess.run([sys.executable, "-m", "attention.bench", *TINY_CLI, "--impl", "split_heads",
+                                "sdpa_causal", "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    assert "| # | implementation |" in completed.stdout
+    recorded = render.load_result(out)
+    assert recorded["complete"] is True
+    assert recorded["provenance"]["command"].startswith("python -m attention.bench --device cpu")
+    assert [row["implementation"] for row in recorded["rows"]] == ["split_heads", "sdpa_causal"]
+
+
+def test_recorded_results_are_readable():
+    for path in render.find_results():
+        recorded = render.load_result(path)
+        assert recorded["complete"] is True
+        assert path.name.startswith(recorded["device_type"] + "-")
+        assert render.markdown_tables(recorded)
