@@ -15,8 +15,9 @@ For each shape (the headline shape, then each sequence length of the sweep) and 
 4. Record which SDPA backend ran (profiler), the peak memory of one call, then time it (warm-up,
    device synchronization, median and interquartile range over several blocks of calls).
 
-A dense matmul timed at the start and end of the same run gives the device's matmul rate, and each
-row's `share_of_matmul_peak` divides the row's useful TFLOP/s by it.
+A dense matmul timed at the start of the run and after each shape gives the device's matmul rate
+(the median of those samples), and each row's `share_of_matmul_peak` divides the row's useful
+TFLOP/s by it.
 """
 
 import dataclasses
@@ -365,11 +366,15 @@ def _config_record(config, impls):
 
 
 def _matmul_record(config, samples):
-    best = max(samples, key=lambda rate: rate["tflops"])
-    return {"size": config.matmul_size, "dtype": config.dtype, "tflops": best["tflops"], "ms_median": best["ms_median"],
-            "samples": samples,
-            "note": "the best of the square matmul timed at the start of the run and after each shape: other work "
-                    "on the machine can only slow a sample down, so the best is the closest to the device's rate"}
+    rates = sorted(sample["tflops"] for sample in samples)
+    middle = len(rates) // 2
+    median = rates[middle] if len(rates) % 2 else (rates[middle - 1] + rates[middle]) / 2
+    return {"size": config.matmul_size, "dtype": config.dtype, "statistic": "median of samples",
+            "tflops": median, "best_tflops": rates[-1], "worst_tflops": rates[0], "samples": samples,
+            "note": "the median of the square matmul's rate timed at the start of the run and after each shape. "
+                    "Every row is a median taken under the same conditions as these samples (other work on the "
+                    "machine slows both alike), so a row's share of this median compares like with like; the "
+                    "best sample is stored too, as best_tflops"}
 
 
 def _run_shape(config, impls, variants, state, batch, seq_len, device, dtype, reporter, result, checkpoint):

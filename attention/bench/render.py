@@ -296,7 +296,8 @@ def provenance_summary(result):
     ]
     if peak:
         rates = [sample["tflops"] for sample in peak.get("samples", [])]
-        spread = f" (best of {len(rates)} samples, lowest {_number(min(rates))})" if len(rates) > 1 else ""
+        spread = (f" (median of {len(rates)} samples through the run; lowest {_number(min(rates))}, "
+                  f"highest {_number(max(rates))})" if len(rates) > 1 else "")
         lines.append(f"- **Matmul rate** ({peak['size']}² {peak['dtype']}, same run): "
                      f"{_number(peak['tflops'])} TFLOP/s{spread}")
     measured = [r["cpu_utilization"] for r in result["rows"] if r.get("cpu_utilization") is not None]
