@@ -292,6 +292,31 @@ def test_renderer_tables_and_charts(result, tmp_path):
         assert all(ax.get_title() or figure._suptitle for ax in figure.axes)
         plt.close(figure)
 
+    share = render.plot_share(result)
+    assert len(share.axes) == len(result["config"]["modes"])
+    for ax in share.axes:  # one bar per correct row of the headline shape, each as long as its share
+        mode = {"forward": "forward", "forward + backward": "forward_backward"}[ax.get_title().split(",")[0]]
+        rows = [r for r in render.headline_rows(result, mode) if r["correct"] is True]
+        widths = sorted(patch.get_width() for patch in ax.patches)
+        assert widths == pytest.approx(sorted(100 * r["share_of_matmul_peak"] for r in rows))
+    plt.close(share)
+
+
+def test_presentation_modules_do_not_make_a_run_stale(tmp_path):
+    import shutil
+
+    from attention.bench import provenance
+
+    package = tmp_path / "attention"
+    shutil.copytree(provenance.PACKAGE_DIR, package, ignore=shutil.ignore_patterns("__pycache__"))
+    before = source_hash(package)
+    assert "attention/bench/render.py" not in source_files(package)
+    (package / "bench" / "render.py").write_text("# a new chart\n")
+    (package / "plotting.py").write_text("# a new figure\n")
+    assert source_hash(package) == before
+    (package / "bench" / "metrics.py").write_text("# changes what is measured\n")
+    assert source_hash(package) != before
+
 
 def test_cli_end_to_end(tmp_path):
     out = tmp_path / "cpu-cli.json"

@@ -3,8 +3,10 @@
 A result is only worth keeping if a reader can tell what produced it. `collect_provenance` records
 the device, the PyTorch/CUDA/cuDNN versions, the git commit (and whether the tree had uncommitted
 changes), the exact command line, and a sha256 of every `*.py` file of the `attention` package that
-ran. `source_hash` recomputes that hash for the code as it is now, so the docs can say when a
-recorded run predates the current code (see `attention.bench.render.is_stale`).
+can change a measurement (all of them but the presentation-only modules in `PRESENTATION_ONLY`).
+`source_hash` recomputes that hash for the code as it is now, so the docs can say when a recorded
+run predates the code that would measure it today (see `attention.bench.render.is_stale`); a new
+chart or a reworded table does not make a run stale.
 """
 
 import datetime
@@ -24,9 +26,13 @@ SCHEMA_VERSION = 1
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # .../attention
 REPO_DIR = PACKAGE_DIR.parent
 
+# Modules that only draw or format results and never run while measuring: left out of the hash.
+PRESENTATION_ONLY = ("bench/render.py", "plotting.py")
+
 
 def source_files(package_dir=PACKAGE_DIR):
-    """sha256 of each `*.py` file under the package, keyed by its path relative to the repository root.
+    """sha256 of each `*.py` file under the package that can change a measurement, keyed by its path
+    relative to the repository root (`PRESENTATION_ONLY` modules are left out).
 
     Args:
         package_dir: the package directory; defaults to the installed `attention/`.
@@ -36,7 +42,8 @@ def source_files(package_dir=PACKAGE_DIR):
     """
     package_dir = Path(package_dir)
     root = package_dir.parent
-    files = sorted(p for p in package_dir.rglob("*.py") if "__pycache__" not in p.parts)
+    files = sorted(p for p in package_dir.rglob("*.py") if "__pycache__" not in p.parts
+                   and p.relative_to(package_dir).as_posix() not in PRESENTATION_ONLY)
     return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 

@@ -370,6 +370,46 @@ def plot_bars(result, batch=None, seq_len=None):
     return fig
 
 
+def plot_share(result, batch=None, seq_len=None):
+    """Horizontal bars of each implementation's share of the run's matmul rate at one shape, per mode.
+
+    The share is useful TFLOP/s over the TFLOP/s of the square matmul timed in the same run
+    (`share_of_matmul_peak`); a dashed line marks 100%. Only correct rows are drawn.
+
+    Args:
+        result: a result dict.
+        batch, seq_len: the shape; default the headline shape.
+
+    Returns:
+        A matplotlib `Figure`.
+    """
+    import matplotlib.pyplot as plt
+
+    config = result["config"]
+    batch = config["batch"] if batch is None else batch
+    seq_len = config["seq_len"] if seq_len is None else seq_len
+    modes = config["modes"]
+    panels = [(mode, sorted((r for r in shape_rows(result, mode, batch, seq_len)
+                             if _ranked(r) and r.get("share_of_matmul_peak") is not None),
+                            key=lambda r: r["share_of_matmul_peak"])) for mode in modes]
+    height = max(2.5, 0.32 * max((len(rows) for _, rows in panels), default=1) + 1.2)
+    fig, axes = plt.subplots(1, len(modes), figsize=(6.0 * len(modes), height), squeeze=False)
+    rate = (result.get("matmul_peak") or {}).get("tflops")
+    for ax, (mode, rows) in zip(axes[0], panels):
+        shares = [100 * r["share_of_matmul_peak"] for r in rows]
+        bars = ax.barh([r["label"] for r in rows], shares, color="tab:green")
+        ax.bar_label(bars, labels=[f"{share:.0f}%" for share in shares], padding=2, fontsize=7)
+        ax.axvline(100, color="k", linestyle="--", linewidth=1, alpha=0.6)
+        ax.set_xlim(0, max([110.0] + [share * 1.12 for share in shares]))
+        ax.set_xlabel("useful TFLOP/s as % of the same run's matmul rate")
+        ax.set_title(f"{MODE_TITLES.get(mode, mode)}, B={batch}, T={seq_len}")
+        ax.grid(axis="x", alpha=0.3)
+    rate_text = f" (matmul: {_number(rate)} TFLOP/s)" if rate else ""
+    fig.suptitle(f"Share of the matmul rate{rate_text}: {_title_suffix(result)}")
+    fig.tight_layout()
+    return fig
+
+
 def _sweep_series(result, mode, metric):
     series = {}
     for row in sweep_rows(result, mode):

@@ -90,7 +90,9 @@ def chart_set(slug, result):
     from attention.bench import render
 
     device = result["provenance"]["device"]["name"]
-    charts = {"bars": (render.plot_bars(result), f"median time per implementation at the headline shape, {device}")}
+    charts = {"bars": (render.plot_bars(result), f"median time per implementation at the headline shape, {device}"),
+              "share": (render.plot_share(result), f"share of the matmul rate per implementation at the headline "
+                                                   f"shape, {device}")}
     if render.sweep_rows(result, "forward"):
         charts["time"] = (render.plot_time_vs_seq_len(result, "forward"), f"forward time against sequence length, {device}")
         charts["memory"] = (render.plot_memory_vs_seq_len(result, "forward"), f"forward peak memory against sequence length, {device}")
