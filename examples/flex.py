@@ -27,6 +27,7 @@ import time
 import warnings
 
 import torch
+import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from attention.causal.flex import FlexCausalAttention, FlexDenseBackward, causal
@@ -159,14 +160,40 @@ for warning in caught:
 # level) and builds each `BlockMask` once per sequence length and device.
 #
 # **Compilation per shape.** The first call for a new shape or dtype compiles (seconds, see
-# above); after a couple of distinct lengths `torch.compile` switches to a dynamic-shape kernel.
-# Benchmarks must warm up first. And `torch.compile` gives up on a function after 8 recompilations
+# above): the class compiles with `dynamic=False`, one kernel per length, because inductor's CPU
+# FlexAttention template fails on some dynamic-shape compiles. Benchmarks must warm up first. And `torch.compile` gives up on a function after 8 recompilations
 # (`torch._dynamo.config.recompile_limit`): every FlexAttention class shares the one
 # `flex_attention` function, so a process that runs several of them over several dtypes and
 # lengths (a benchmark sweep, the [numerics page](../numerics/)) can pass the limit. PyTorch then
 # logs one warning and runs FlexAttention *uncompiled* from there on: still correct, but dense
 # and slow. Raise the limit in such a process, or check `TORCH_LOGS=recompiles`.
 #
+# **Short sequences on CPU.** PyTorch 2.13's compiled CPU FlexAttention kernel gave wrong output
+# rows for some sequences shorter than 64 tokens (seen at T = 8, 24, 40 and 56 on an AVX2 CPU):
+# garbage values, no error, and not on every run. So on CPU the class runs
+# sequences shorter than `MIN_CPU_SEQ_LEN = 128` padded with zero tokens at the end and cuts the
+# output back: under a causal mask no real query sees a padded key, so this is exact. The cell runs
+# the raw kernel and the class on such a length; whether the raw kernel goes wrong depends on the
+# machine and the run, so only the class is asserted.
+
+# %%
+from attention.causal.flex import MIN_CPU_SEQ_LEN
+
+q, k, v = (torch.randn(2, 2, 8, 8) for _ in range(3))  # (B, H, T, D) with T = 8
+short_mask = create_block_mask(causal, B=None, H=None, Q_LEN=8, KV_LEN=8, device="cpu")
+with torch.no_grad(), torch._dynamo.config.patch(cache_size_limit=64):
+    raw = torch.compile(flex_attention, dynamic=False)(q, k, v, block_mask=short_mask)
+raw_error = (raw - F.scaled_dot_product_attention(q, k, v, is_causal=True)).abs().max().item()
+print(f"raw compiled kernel at T=8: max |flex - sdpa| = {raw_error:.1e}")
+
+x_short = torch.randn(B, 8, d_model, dtype=torch.float64)
+expected_short, _ = reference_causal_self_attention(x_short, state, num_heads=H)
+with torch.no_grad():
+    short_error = (module(x_short.float()).double() - expected_short).abs().max().item()
+print(f"FlexCausalAttention at T=8 (run padded to {MIN_CPU_SEQ_LEN}): max |out - reference| = {short_error:.1e}")
+assert short_error < 1e-5
+
+# %% [markdown]
 # **No dropout, no CPU backward.** `FlexCausalAttention(dropout=0.1)` raises a `ValueError`
 # rather than silently ignoring the dropout. Training on CPU works through the dense backward
 # above, which materialises the `(T, T)` weights: correct, not fast.

@@ -155,13 +155,15 @@ def test_factories_reject_bad_types_and_tensors():
         dense_mask(causal, 0, 3)
 
 
-# Each pattern compiles FlexAttention once (a few seconds on CPU): few patterns, tiny shapes.
+# Each pattern compiles FlexAttention once (a few seconds on CPU): few patterns, small shapes. At least
+# 128 tokens: PyTorch 2.13's compiled CPU kernel gives wrong rows for some shorter sequences (see
+# MIN_CPU_SEQ_LEN in attention/causal/flex.py), a bug in the kernel, not in the masks.
 FLEX_CASES = {
-    "sliding_window": (sliding_window(5), 24, 24, None),
-    "causal_document": (and_masks(causal, document(torch.tensor([0] * 7 + [1] * 10 + [2] * 7))), 24, 24, None),
-    "bigbird": (bigbird(2, 1, 3, max_len=24, seed=0), 24, 24, None),
-    "key_padding_unequal_lengths": (key_padding(torch.tensor([5, 20])), 16, 24, 2),
-    "prefix_lm_per_sequence": (prefix_lm(torch.tensor([3, 11])), 24, 24, 2),
+    "sliding_window": (sliding_window(5), 128, 128, None),
+    "causal_document": (and_masks(causal, document(torch.tensor([0] * 40 + [1] * 50 + [2] * 38))), 128, 128, None),
+    "bigbird": (bigbird(2, 1, 3, max_len=128, seed=0), 128, 128, None),
+    "key_padding_unequal_lengths": (key_padding(torch.tensor([40, 120])), 128, 128, 2),
+    "prefix_lm_per_sequence": (prefix_lm(torch.tensor([3, 70])), 128, 128, 2),
 }
 
 
@@ -178,6 +180,26 @@ def test_flex_attention_block_mask_matches_sdpa_dense_mask(name):
         flex_out = compiled_flex_attention(q, k, v, block_mask=blocks)  # (B, H, Tq, D)
         sdpa_out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense)  # (B, H, Tq, D)
     torch.testing.assert_close(flex_out, sdpa_out, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["flex", "alibi_flex"])
+@pytest.mark.parametrize("seq_len", [8, 24, 40, 56])
+def test_flex_classes_are_right_on_short_sequences(name, seq_len):
+    """Lengths where PyTorch 2.13's compiled CPU FlexAttention kernel gave wrong rows: the classes run
+    them padded to MIN_CPU_SEQ_LEN tokens, which is exact under the causal mask."""
+    from attention import IMPLEMENTATIONS
+    from attention.causal.flex import MIN_CPU_SEQ_LEN
+    from attention.reference import reference_causal_self_attention
+
+    assert seq_len < MIN_CPU_SEQ_LEN
+    torch.manual_seed(0)
+    module = IMPLEMENTATIONS[name](32, 32, 64, 0.0, 4).eval()  # head_dim 8
+    x = torch.randn(2, seq_len, 32)
+    expected, _ = reference_causal_self_attention(x.double(), module.canonical_state_dict(), 4,
+                                                  module.position_encoding)
+    with torch.no_grad():
+        out = module(x)  # (B, T, d_out)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_padding_rows_never_produce_nan():

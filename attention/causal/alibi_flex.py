@@ -26,6 +26,9 @@ _compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
 # dynamic=False: one kernel per (shape, dtype); past torch's default of 8 recompiles per function,
 # flex_attention would silently run its slow uncompiled path, so allow many.
 RECOMPILE_LIMIT = 256
+# PyTorch 2.13's compiled CPU FlexAttention gave wrong rows (garbage, no error, not on every run) for
+# some sequences shorter than 64 tokens (seen at T = 8, 24, 40 and 56 on an AVX2 CPU).
+MIN_CPU_SEQ_LEN = 128
 
 
 # Same as attention/causal/flex.py::compiled_flex_attention
@@ -109,15 +112,21 @@ class ALiBiFlexAttention(nn.Module):
         q = self.query(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         k = self.key(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         v = self.value(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        block_mask = self.block_mask(T, x.device)
+        # Short sequences run padded on CPU (see MIN_CPU_SEQ_LEN): zero tokens appended after the last
+        # one change nothing under a causal mask, and the extra rows are cut off below.
+        T_run = max(T, MIN_CPU_SEQ_LEN) if x.device.type == "cpu" else T
+        if T_run > T:
+            q, k, v = (torch.nn.functional.pad(t, (0, 0, 0, T_run - T)) for t in (q, k, v))  # (B, H, T_run, D)
+        block_mask = self.block_mask(T_run, x.device)
         # A fresh closure per call reads the current buffer (after .to(device)); it does not recompile.
         score_mod = alibi_score_mod(self.slopes.to(q.dtype))
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         if needs_grad and x.device.type in ("cpu", "mps"):
-            attn_bias = alibi_bias(H, T, T, causal=True, device=x.device, dtype=q.dtype)  # (H, T, T), -inf above the diagonal
-            context = FlexALiBiDenseBackward.apply(q, k, v, block_mask, score_mod, attn_bias, 1 / math.sqrt(D))  # (B, H, T, D)
+            attn_bias = alibi_bias(H, T_run, T_run, causal=True, device=x.device, dtype=q.dtype)  # (H, T_run, T_run)
+            context = FlexALiBiDenseBackward.apply(q, k, v, block_mask, score_mod, attn_bias, 1 / math.sqrt(D))  # (B, H, T_run, D)
         else:
-            context = compiled_flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)  # (B, H, T, D)
+            context = compiled_flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)  # (B, H, T_run, D)
+        context = context[:, :, :T]  # (B, H, T, D)
         context = context.transpose(1, 2).reshape(B, T, self.d_out)  # (B, T, H*D)
         return self.out(context)  # (B, T, d_out)
 
