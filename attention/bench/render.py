@@ -329,6 +329,31 @@ def _title_suffix(result):
     return f"{device['name']}, {result['dtype']}"
 
 
+def _shape_panels(result, batch, seq_len, keep, sort_key):
+    """One bar-chart panel per mode at one shape: the shared layout of `plot_bars` and `plot_share`.
+
+    Args:
+        result: a result dict.
+        batch, seq_len: the shape; None means the headline shape.
+        keep: which rows of the shape to draw.
+        sort_key: the rows' order, bottom bar first.
+
+    Returns:
+        `(batch, seq_len, fig, panels)` with the resolved shape, a figure tall enough for the longest
+        panel, and `panels` a list of `(ax, mode, rows)`.
+    """
+    import matplotlib.pyplot as plt
+
+    config = result["config"]
+    batch = config["batch"] if batch is None else batch
+    seq_len = config["seq_len"] if seq_len is None else seq_len
+    modes = config["modes"]
+    rows_per_mode = [sorted(filter(keep, shape_rows(result, mode, batch, seq_len)), key=sort_key) for mode in modes]
+    height = max(2.5, 0.32 * max((len(rows) for rows in rows_per_mode), default=1) + 1.2)
+    fig, axes = plt.subplots(1, len(modes), figsize=(6.0 * len(modes), height), squeeze=False)
+    return batch, seq_len, fig, list(zip(axes[0], modes, rows_per_mode))
+
+
 def plot_bars(result, batch=None, seq_len=None):
     """Horizontal bars of median time per implementation at one shape, one panel per mode.
 
@@ -342,17 +367,10 @@ def plot_bars(result, batch=None, seq_len=None):
     Returns:
         A matplotlib `Figure`.
     """
-    import matplotlib.pyplot as plt
-
     config = result["config"]
-    batch = config["batch"] if batch is None else batch
-    seq_len = config["seq_len"] if seq_len is None else seq_len
-    modes = config["modes"]
-    panels = [(mode, sorted((r for r in shape_rows(result, mode, batch, seq_len) if r["status"] == "ok"),
-                            key=lambda r: r["ms_median"], reverse=True)) for mode in modes]
-    height = max(2.5, 0.32 * max((len(rows) for _, rows in panels), default=1) + 1.2)
-    fig, axes = plt.subplots(1, len(modes), figsize=(6.0 * len(modes), height), squeeze=False)
-    for ax, (mode, rows) in zip(axes[0], panels):
+    batch, seq_len, fig, panels = _shape_panels(result, batch, seq_len, keep=lambda r: r["status"] == "ok",
+                                                sort_key=lambda r: -r["ms_median"])
+    for ax, mode, rows in panels:
         labels = [r["label"] + ("  (incorrect)" if r["correct"] is False else "") for r in rows]
         medians = [r["ms_median"] for r in rows]
         errors = [[r["ms_median"] - r["ms_q1"] for r in rows], [r["ms_q3"] - r["ms_median"] for r in rows]]
@@ -383,19 +401,11 @@ def plot_share(result, batch=None, seq_len=None):
     Returns:
         A matplotlib `Figure`.
     """
-    import matplotlib.pyplot as plt
-
-    config = result["config"]
-    batch = config["batch"] if batch is None else batch
-    seq_len = config["seq_len"] if seq_len is None else seq_len
-    modes = config["modes"]
-    panels = [(mode, sorted((r for r in shape_rows(result, mode, batch, seq_len)
-                             if _ranked(r) and r.get("share_of_matmul_peak") is not None),
-                            key=lambda r: r["share_of_matmul_peak"])) for mode in modes]
-    height = max(2.5, 0.32 * max((len(rows) for _, rows in panels), default=1) + 1.2)
-    fig, axes = plt.subplots(1, len(modes), figsize=(6.0 * len(modes), height), squeeze=False)
+    batch, seq_len, fig, panels = _shape_panels(
+        result, batch, seq_len, keep=lambda r: _ranked(r) and r.get("share_of_matmul_peak") is not None,
+        sort_key=lambda r: r["share_of_matmul_peak"])
     rate = (result.get("matmul_peak") or {}).get("tflops")
-    for ax, (mode, rows) in zip(axes[0], panels):
+    for ax, mode, rows in panels:
         shares = [100 * r["share_of_matmul_peak"] for r in rows]
         bars = ax.barh([r["label"] for r in rows], shares, color="tab:green")
         ax.bar_label(bars, labels=[f"{share:.0f}%" for share in shares], padding=2, fontsize=7)
