@@ -1,13 +1,21 @@
 """Figures of masks, position encodings and attention weights, for the docs and notebooks.
 
-Every function returns a `matplotlib.figure.Figure` built without pyplot, so it works under any
-backend (Agg included), holds no global state and needs no `plt.close`; in a notebook a returned
-figure displays itself, elsewhere call `fig.savefig(path)`. Masks are drawn like meta-pytorch/
-attention-gym's: one cell per (query, key) pair, a cell grid and `Q0...`/`KV0...` ticks when the
-matrix is small. Every figure has a title, axis labels with units and a colour bar. matplotlib is
-imported inside the functions, so `import attention.plotting` works without it.
+Every `plot_*` function returns a `matplotlib.figure.Figure` built without pyplot, so it works under
+any backend (Agg included), holds no global state and needs no `plt.close`. Show one in a notebook
+with `show(fig)`: it displays a PNG rendered at twice the figure's on-screen size (crisp on
+high-density screens), on a white background (legible in dark mode), with alt text, whatever the
+kernel's matplotlib backend is. (A bare `Figure` left as a cell's last expression displays as text,
+`<Figure size ...>`, unless pyplot happens to be imported.) Elsewhere call `fig.savefig(path)`.
+
+Masks are drawn like meta-pytorch/attention-gym's: one cell per (query, key) pair, a cell grid and
+`Q0...`/`KV0...` ticks (or the tokens) when the matrix is small. Every figure has a title, axis
+labels with units and a colour bar. matplotlib is imported inside the functions, so
+`import attention.plotting` works without it.
 """
 
+import base64
+import html
+import io
 import math
 
 import torch
@@ -17,6 +25,63 @@ from attention.positional import alibi_bias, alibi_slopes, rotary_angles, sinuso
 
 # Up to this many rows or columns a matrix gets one tick per cell (Q0, Q1, ... / KV0, KV1, ...) and a grid.
 MAX_LABELLED_CELLS = 16
+# A figure inch is this many CSS pixels on the page; the PNG holds PIXEL_RATIO device pixels per CSS pixel.
+CSS_DPI = 96
+PIXEL_RATIO = 2
+# Inches: 960 CSS pixels, about the text column of the site on a wide screen.
+MAX_FIGURE_WIDTH = 10.0
+
+
+def figure_png(fig, pixel_ratio=PIXEL_RATIO):
+    """Render a figure to PNG for a web page: `(png_bytes, css_width, css_height)`.
+
+    The PNG has `pixel_ratio` pixels per CSS pixel; shown at `css_width x css_height` it is sharp on
+    screens of up to that density. The background is opaque white so dark page themes keep it legible.
+    """
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=CSS_DPI * pixel_ratio, facecolor="white", bbox_inches="tight", pad_inches=0.08)
+    png = buffer.getvalue()
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")  # the IHDR chunk
+    return png, round(width / pixel_ratio), round(height / pixel_ratio)
+
+
+def figure_alt(fig):
+    """A figure's alt text: its suptitle, else the titles of its panels (colour bars left out)."""
+    suptitle = fig.get_suptitle() if hasattr(fig, "get_suptitle") else ""
+    titles = [ax.get_title() for ax in fig.axes if ax.get_label() != "<colorbar>" and ax.get_title()]
+    text = suptitle or "; ".join(dict.fromkeys(titles)) or "figure"
+    return " ".join(text.split())  # one line: titles may hold newlines
+
+
+def figure_html(fig, alt=None):
+    """An `<img>` element holding the figure as a data URI, sized for high-density screens, with alt text."""
+    png, width, height = figure_png(fig)
+    alt = figure_alt(fig) if alt is None else alt
+    return (f'<img class="attention-figure" src="data:image/png;base64,{base64.b64encode(png).decode()}" '
+            f'width="{width}" height="{height}" alt="{html.escape(alt)}">')
+
+
+def show(fig, alt=None):
+    """Display a figure in a notebook as an image; do nothing outside IPython (a plain script).
+
+    The output is an HTML `<img>` (see `figure_html`), with a `text/plain` fallback that names the
+    figure, so it renders as an image in Jupyter, in nbconvert and in mkdocs-jupyter pages alike,
+    independent of the matplotlib backend. Returns None, so a `show(...)` that ends a cell prints
+    nothing else.
+
+    Args:
+        fig: a `matplotlib.figure.Figure`.
+        alt: alt text; defaults to the figure's titles (`figure_alt`).
+    """
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        return
+    if get_ipython() is None:
+        return
+    alt = figure_alt(fig) if alt is None else alt
+    display({"text/html": figure_html(fig, alt), "text/plain": f"[figure: {alt}]"}, raw=True)
 
 
 def plot_mask(mask, q_len=None, kv_len=None, title=None, batch_index=0, head_index=0):
@@ -59,12 +124,14 @@ def plot_masks(masks, q_len=None, kv_len=None, ncols=3, title="Attention masks")
     if not isinstance(masks, dict) or not masks:
         raise ValueError(f"masks must be a non-empty dict from title to mask, got masks={masks!r}")
     matrices = {name: mask_matrix(mask, q_len, kv_len, 0, 0)[1] for name, mask in masks.items()}
-    nrows, ncols = grid_shape(len(matrices), ncols)
-    fig = new_figure(nrows, ncols, next(iter(matrices.values())).shape)
+    cell_shape = next(iter(matrices.values())).shape
+    nrows, ncols = grid_shape(len(matrices), ncols, cell_shape)
+    fig = new_figure(nrows, ncols, cell_shape)
     axes = [fig.add_subplot(nrows, ncols, index + 1) for index in range(len(matrices))]
     for ax, (name, matrix) in zip(axes, matrices.items()):
         image = draw_mask(ax, matrix)
         ax.set_title(f"{name}\ndensity {matrix.float().mean().item():.2f}", fontsize="medium")
+    outer_labels(axes, ncols)
     fig.suptitle(title)
     mask_colorbar(fig, image, axes)
     return fig
@@ -141,13 +208,14 @@ def plot_alibi(num_heads=8, seq_len=16, causal=True, ncols=4, title=None):
     bias = alibi_bias(num_heads, seq_len, seq_len, causal=causal, dtype=torch.float64)  # (H, T, T)
     bias = torch.where(torch.isinf(bias), torch.full_like(bias, float("nan")), bias)  # blank where masked
     slopes = alibi_slopes(num_heads)
-    nrows, ncols = grid_shape(num_heads, ncols)
+    nrows, ncols = grid_shape(num_heads, ncols, (seq_len, seq_len))
     fig = new_figure(nrows, ncols, (seq_len, seq_len))
     axes = [fig.add_subplot(nrows, ncols, head + 1) for head in range(num_heads)]
     lowest = torch.nan_to_num(bias, nan=0.0).min().item()
     for head, ax in enumerate(axes):
         image = draw_matrix(ax, bias[head], cmap="viridis", vmin=lowest, vmax=0.0)
         ax.set_title(f"head {head}: slope 1/{1 / slopes[head].item():.3g}", fontsize="medium")
+    outer_labels(axes, ncols)
     form = "causal, -m (i - j)" if causal else "symmetric, -m |i - j|"
     fig.suptitle(title or f"ALiBi bias per head ({form})")
     colorbar = fig.colorbar(image, ax=axes)
@@ -155,26 +223,61 @@ def plot_alibi(num_heads=8, seq_len=16, causal=True, ncols=4, title=None):
     return fig
 
 
-def plot_attention_weights(weights, ncols=4, title="Attention weights per head"):
+def plot_attention_weights(weights, ncols=4, title="Attention weights per head", tokens=None, mask=None):
     """Heat maps of attention weights `(H, Tq, Tk)`, one panel per head (e.g. `weights[0]` of a batch).
 
+    Args:
+        weights: a `(H, Tq, Tk)` tensor of attention weights (rows sum to 1, or 0 where fully masked).
+        ncols: panels per row.
+        title: figure title.
+        tokens: labels for the axes: one sequence of strings for self-attention (`Tq == Tk`), or a
+            pair `(query_tokens, key_tokens)`. Without it the ticks are `Q0...`/`KV0...` when small.
+        mask: the boolean mask the weights were computed under (True = attend), `(Tq, Tk)` or
+            `(B, H, Tq, Tk)` (batch 0, head 0 is drawn), or a mask predicate; drawn as the first panel.
+
     Returns:
-        A Figure with `H` weight axes and one shared colour bar.
+        A Figure with `H` weight axes (plus the mask's) and their colour bars.
     """
     if not isinstance(weights, torch.Tensor) or weights.dim() != 3:
         raise ValueError(f"weights must be a (H, Tq, Tk) tensor, got {type(weights).__name__} of shape {tuple(getattr(weights, 'shape', ()))}")
     weights = weights.detach().cpu().double()
-    num_heads = weights.shape[0]
-    nrows, ncols = grid_shape(num_heads, ncols)
+    num_heads, q_len, kv_len = weights.shape
+    q_labels, kv_labels = token_labels(tokens, q_len, kv_len)
+    panels = num_heads + (mask is not None)
+    nrows, ncols = grid_shape(panels, ncols, weights.shape[1:])
     fig = new_figure(nrows, ncols, weights.shape[1:])
-    axes = [fig.add_subplot(nrows, ncols, head + 1) for head in range(num_heads)]
+    axes = [fig.add_subplot(nrows, ncols, index + 1) for index in range(panels)]
+    all_axes = axes
+    if mask is not None:
+        _, matrix = mask_matrix(mask, q_len, kv_len, 0, 0)
+        if tuple(matrix.shape) != (q_len, kv_len):
+            raise ValueError(f"mask must cover the weights' (Tq, Tk) = {(q_len, kv_len)}, got {tuple(matrix.shape)}")
+        mask_ax, axes = axes[0], axes[1:]
+        image = draw_mask(mask_ax, matrix, q_labels, kv_labels)
+        mask_ax.set_title("the mask (dark = attend)", fontsize="medium")
+        mask_colorbar(fig, image, [mask_ax])
     for head, ax in enumerate(axes):
-        image = draw_matrix(ax, weights[head], cmap="magma", vmin=0.0, vmax=1.0)
+        image = draw_matrix(ax, weights[head], q_labels, kv_labels, cmap="magma", vmin=0.0, vmax=1.0)
         ax.set_title(f"head {head}", fontsize="medium")
+    outer_labels(all_axes, ncols)
     fig.suptitle(title)
     colorbar = fig.colorbar(image, ax=axes)
-    colorbar.set_label("attention weight (probability, rows sum to 1)")
+    colorbar.set_label("attention weight (rows sum to 1)")
     return fig
+
+
+def token_labels(tokens, q_len, kv_len):
+    """`(query labels, key labels)` from `tokens` (one sequence, or a pair); `(None, None)` without tokens."""
+    if tokens is None:
+        return None, None
+    if len(tokens) == 2 and not isinstance(tokens[0], str):
+        q_labels, kv_labels = (list(map(str, labels)) for labels in tokens)
+    else:
+        q_labels = kv_labels = list(map(str, tokens))
+    if len(q_labels) != q_len or len(kv_labels) != kv_len:
+        raise ValueError(f"tokens must label Tq = {q_len} queries and Tk = {kv_len} keys, "
+                         f"got {len(q_labels)} query and {len(kv_labels)} key labels")
+    return q_labels, kv_labels
 
 
 def mask_matrix(mask, q_len, kv_len, batch_index, head_index):
@@ -191,24 +294,26 @@ def mask_matrix(mask, q_len, kv_len, batch_index, head_index):
     return "mask", matrix.cpu()
 
 
-def draw_mask(ax, matrix):
+def draw_mask(ax, matrix, q_labels=None, kv_labels=None):
     """Draw a boolean `(Tq, Tk)` mask on `ax` in two colours; returns the image."""
     from matplotlib.colors import BoundaryNorm, ListedColormap
 
     cmap = ListedColormap(["#eeeeee", "#1f5fa6"])
     norm = BoundaryNorm([-0.5, 0.5, 1.5], cmap.N)
-    return draw_matrix(ax, matrix.to(torch.float64), cmap=cmap, norm=norm)
+    return draw_matrix(ax, matrix.to(torch.float64), q_labels, kv_labels, cmap=cmap, norm=norm)
 
 
-def draw_matrix(ax, matrix, **imshow_kwargs):
-    """`imshow` a `(Tq, Tk)` matrix with query/key axis labels, and `Q0...`/`KV0...` ticks and a grid when small."""
+def draw_matrix(ax, matrix, q_labels=None, kv_labels=None, **imshow_kwargs):
+    """`imshow` a `(Tq, Tk)` matrix with query/key axis labels; one tick per cell and a grid when the
+    matrix is small or labels are given (`Q0...`/`KV0...` by default)."""
     Tq, Tk = matrix.shape
     image = ax.imshow(matrix.numpy(), interpolation="nearest", aspect="equal", **imshow_kwargs)
-    ax.set_xlabel("key position j (tokens)")
-    ax.set_ylabel("query position i (tokens)")
-    if Tq <= MAX_LABELLED_CELLS and Tk <= MAX_LABELLED_CELLS:
-        ax.set_xticks(range(Tk), [f"KV{j}" for j in range(Tk)], rotation=90, fontsize="x-small")
-        ax.set_yticks(range(Tq), [f"Q{i}" for i in range(Tq)], fontsize="x-small")
+    ax.set_xlabel("key position j (tokens)" if kv_labels is None else "key token")
+    ax.set_ylabel("query position i (tokens)" if q_labels is None else "query token")
+    if q_labels is not None or (Tq <= MAX_LABELLED_CELLS and Tk <= MAX_LABELLED_CELLS):
+        fontsize = "x-small" if q_labels is None else "small"
+        ax.set_xticks(range(Tk), kv_labels or [f"KV{j}" for j in range(Tk)], rotation=90, fontsize=fontsize)
+        ax.set_yticks(range(Tq), q_labels or [f"Q{i}" for i in range(Tq)], fontsize=fontsize)
         ax.set_xticks([j - 0.5 for j in range(1, Tk)], minor=True)
         ax.set_yticks([i - 0.5 for i in range(1, Tq)], minor=True)
         ax.grid(which="minor", color="white", linewidth=1)
@@ -239,19 +344,38 @@ def plot_table(table, title, feature_label, value_label, symmetric):
     return fig
 
 
-def grid_shape(count, ncols):
-    """`(nrows, ncols)` of a grid holding `count` panels, at most `ncols` per row."""
+def grid_shape(count, ncols, cell_shape=None):
+    """`(nrows, ncols)` of a grid holding `count` panels, at most `ncols` per row, and with a
+    `cell_shape` (Tq, Tk), no more per row than fit in `MAX_FIGURE_WIDTH` (wider would shrink the text)."""
     if isinstance(ncols, bool) or not isinstance(ncols, int) or ncols <= 0:
         raise ValueError(f"ncols must be a positive int, got ncols={ncols!r}")
     ncols = min(ncols, count)
+    while cell_shape is not None and ncols > 1 and figure_size(1, ncols, cell_shape)[0] > MAX_FIGURE_WIDTH:
+        ncols -= 1
     return math.ceil(count / ncols), ncols
+
+
+def figure_size(nrows, ncols, cell_shape):
+    """`(width, height)` in inches of a grid of panels showing `(rows, cols)` matrices."""
+    rows, cols = cell_shape
+    panel_height = 3.2 if max(rows, cols) > 12 else 2.4
+    panel_width = min(max(panel_height * cols / max(rows, 1), 2.5), 6.0) + 0.5
+    return panel_width * ncols + 1.0, panel_height * nrows + 0.8
 
 
 def new_figure(nrows, ncols, cell_shape):
     """An empty Figure sized for a grid of panels, with constrained layout."""
     from matplotlib.figure import Figure
 
-    rows, cols = cell_shape
-    panel_height = 3.2
-    panel_width = min(max(panel_height * cols / max(rows, 1), 2.5), 6.0) + 0.6
-    return Figure(figsize=(panel_width * ncols + 1.0, panel_height * nrows + 0.8), layout="constrained")
+    fig = Figure(figsize=figure_size(nrows, ncols, cell_shape), layout="constrained")
+    fig.get_layout_engine().set(h_pad=0.1)  # the default lets a suptitle touch two-line panel titles
+    return fig
+
+
+def outer_labels(axes, ncols):
+    """In a grid of panels, keep the axis labels of the left column and the bottom panels only."""
+    for index, ax in enumerate(axes):
+        if index % ncols:
+            ax.set_ylabel("")
+        if index + ncols < len(axes):
+            ax.set_xlabel("")

@@ -29,9 +29,8 @@
 import os
 import time
 
-import matplotlib.pyplot as plt
-
 from attention.bench import quick_config, render, run_benchmark
+from attention.plotting import show
 
 
 def show_markdown(text):
@@ -54,11 +53,16 @@ def show_markdown(text):
 # %%
 # The docs build runs the quick profile once (docs/_hooks/benchmarks.py) and passes its result file
 # here through ATTENTION_BENCH_QUICK_RESULT, so this page and the Benchmarks page show the same run.
+# (`mkdocs serve` measures nothing: without a cached quick run it passes the newest recorded run.)
 # Run as a plain script, this cell measures afresh.
 build_result = os.environ.get("ATTENTION_BENCH_QUICK_RESULT")
 if build_result:
     result = render.load_result(build_result)
-    print(f"the quick run of this docs build: {len(result['rows'])} rows, {result['provenance']['duration_s']} s")
+    if result["config"]["profile"] == "quick":
+        print(f"the quick run of this docs build: {len(result['rows'])} rows, {result['provenance']['duration_s']} s")
+    else:
+        print(f"not the quick profile: mkdocs serve found no quick run for the current sources, so this preview "
+              f"shows the recorded run {os.path.basename(build_result)} ({result['config']['profile']} profile)")
 else:
     started = time.perf_counter()
     result = run_benchmark(quick_config(device="cpu"), progress=False, argv=["python", "-m", "attention.bench", "--quick"])
@@ -79,8 +83,7 @@ show_markdown(render.provenance_summary(result))
 show_markdown(render.markdown_tables(result))
 
 # %%
-fig = render.plot_bars(result)
-plt.show()
+show(render.plot_bars(result))
 
 # %% [markdown]
 # ## Against sequence length
@@ -89,12 +92,10 @@ plt.show()
 # like T² in memory; the fused kernels (SDPA's flash kernel, FlexAttention) grow like T.
 
 # %%
-fig = render.plot_time_vs_seq_len(result, "forward")
-plt.show()
+show(render.plot_time_vs_seq_len(result, "forward"))
 
 # %%
-fig = render.plot_memory_vs_seq_len(result, "forward")
-plt.show()
+show(render.plot_memory_vs_seq_len(result, "forward"))
 
 # %%
 show_markdown(render.sweep_table(result, "forward", "ms_median"))

@@ -25,8 +25,9 @@ import textwrap
 
 import torch
 
-from attention import MultiHeadAttention
+from attention import MultiHeadAttention, masks
 from attention.general import apply_rotary, rotary_cos_sin
+from attention.plotting import plot_attention_weights, show
 from attention.reference import reference_attention
 
 torch.manual_seed(0)
@@ -46,7 +47,7 @@ def show_source(obj):
         display(Markdown(f"```python\n{source}```"))
 
 
-def show(name, tensor, letters):
+def show_shape(name, tensor, letters):
     print(f"{name:<44} {str(tuple(tensor.shape)):<16} {letters}")
 
 
@@ -62,16 +63,52 @@ D = d_model // H
 queries, memory = torch.randn(B, Tq, d_model), torch.randn(B, Tk, d_model)
 mha = MultiHeadAttention(d_model, H).eval()
 with torch.no_grad():
-    show("query input", queries, "(B, Tq, d_model)")
-    show("key = value input", memory, "(B, Tk, d_model)")
+    show_shape("query input", queries, "(B, Tq, d_model)")
+    show_shape("key = value input", memory, "(B, Tk, d_model)")
     q = mha.query(queries).view(B, Tq, H, D).transpose(1, 2)
     k = mha.key(memory).view(B, Tk, H, D).transpose(1, 2)
-    show("q", q, "(B, H, Tq, D)")
-    show("k (v alike)", k, "(B, H, Tk, D)")
-    show("scores = q @ k^T / sqrt(D)", q @ k.transpose(-2, -1), "(B, H, Tq, Tk)")
+    show_shape("q", q, "(B, H, Tq, D)")
+    show_shape("k (v alike)", k, "(B, H, Tk, D)")
+    show_shape("scores = q @ k^T / sqrt(D)", q @ k.transpose(-2, -1), "(B, H, Tq, Tk)")
     out, weights = mha(queries, memory, need_weights=True)
-    show("out", out, "(B, Tq, d_model)")
-    show("weights", weights, "(B, H, Tq, Tk)")
+    show_shape("out", out, "(B, Tq, d_model)")
+    show_shape("weights", weights, "(B, H, Tq, Tk)")
+
+# %% [markdown]
+# ## The weights, token by token
+#
+# `need_weights=True` returns the `(B, H, Tq, Tk)` weights the module computed. Here a module with
+# `d_model = 32` and 4 heads reads a six-word sentence padded to 8 tokens, under the mask a decoder
+# uses for a padded batch: causal, and no padded key (`and_masks(causal, key_padding(lengths))` from
+# [`attention.masks`](../masks/)). The first panel is that mask; then one panel per head, a row per
+# query token: each row is a distribution over the key tokens, zero wherever the mask is False.
+# The weights of this module are random, not trained, so the patterns show what the mask allows and
+# how differently four heads spread their weight, not what a language model learns.
+
+# %%
+tokens = ["the", "cat", "sat", "on", "the", "mat", "<pad>", "<pad>"]
+vocabulary = sorted(set(tokens))
+token_ids = torch.tensor([[vocabulary.index(token) for token in tokens]])  # (B, T) = (1, 8)
+T, d_model, H = len(tokens), 32, 4
+embedding = torch.nn.Embedding(len(vocabulary), d_model)
+mha = MultiHeadAttention(d_model, H).eval()
+lengths = torch.tensor([6])  # real tokens per sequence; the rest is padding
+mask = masks.dense_mask(masks.and_masks(masks.causal, masks.key_padding(lengths)), T, T, batch=1)  # (1, 1, T, T)
+with torch.no_grad():
+    x = embedding(token_ids)  # (B, T, d_model)
+    out, weights = mha(x, mask=mask, need_weights=True)  # weights: (B, H, T, T)
+show(plot_attention_weights(weights[0], tokens=tokens, mask=mask[0, 0], ncols=3,
+                            title="MultiHeadAttention(32, 4) weights under causal + key padding (random weights)"))
+
+# %% [markdown]
+# With no position encoding, attention cannot tell the two "the" tokens apart: they have the same
+# embedding, hence the same key, so every query that sees both gives them exactly the same weight
+# (the [position encodings page](../positional/) shows how RoPE and ALiBi break that tie):
+
+# %%
+print("weights of 'mat' (query 5) on 'the' at 0 and 'the' at 4, per head:")
+print(weights[0, :, 5, [0, 4]])
+print("identical:", torch.equal(weights[0, :, 5, 0], weights[0, :, 5, 4]))
 
 # %% [markdown]
 # ## The code

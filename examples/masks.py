@@ -18,9 +18,7 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
 from attention import masks
-from attention.plotting import plot_mask, plot_masks
-
-torch.manual_seed(0)
+from attention.plotting import plot_mask, plot_masks, show
 
 # %% [markdown]
 # ## Causal and windows
@@ -30,11 +28,11 @@ torch.manual_seed(0)
 # `|i - j| <= r`.
 
 # %%
-plot_masks({
+show(plot_masks({
     "causal": masks.causal,
     "sliding_window(4)": masks.sliding_window(4),
     "local_window(2)": masks.local_window(2),
-}, q_len=12, title="Causal, sliding window (causal), local window (bidirectional); T = 12")
+}, q_len=12, title="Causal, sliding window (causal), local window (bidirectional); T = 12"))
 
 # %% [markdown]
 # ## Strided and Sparse Transformer
@@ -44,11 +42,11 @@ plot_masks({
 # or uses fixed blocks plus summary columns (`sparse_transformer_fixed`).
 
 # %%
-plot_masks({
+show(plot_masks({
     "strided(4)": masks.strided(4),
     "sparse_transformer_strided(4)": masks.sparse_transformer_strided(4),
     "sparse_transformer_fixed(4)": masks.sparse_transformer_fixed(4),
-}, q_len=16, title="Strided patterns; T = 16")
+}, q_len=16, title="Strided patterns; T = 16"))
 
 # %% [markdown]
 # ## BigBird
@@ -59,7 +57,7 @@ plot_masks({
 # paper picks random *blocks*; this token-level version shows the same structure at small sizes.)
 
 # %%
-plot_mask(masks.bigbird(radius=1, num_global=2, num_random=2, max_len=16, seed=0), q_len=16)
+show(plot_mask(masks.bigbird(radius=1, num_global=2, num_random=2, max_len=16, seed=0), q_len=16))
 
 # %%
 same_seed = masks.dense_mask(masks.bigbird(1, 2, 2, 16, seed=0), 16, 16)
@@ -78,11 +76,11 @@ print("same seed, same mask:", torch.equal(same_seed, again))
 lengths = torch.tensor([5, 8])
 document_ids = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2, 2, 3, 3])
 padding = masks.dense_mask(masks.key_padding(lengths), 8, 8, batch=2)  # (2, 1, 8, 8)
-plot_masks({
+show(plot_masks({
     "key_padding, sequence 0 (length 5)": padding[0, 0],
     "prefix_lm(4)": masks.dense_mask(masks.prefix_lm(4), 8, 8),
     "causal_and_document": masks.dense_mask(masks.and_masks(masks.causal, masks.document(document_ids)), 12, 12),
-}, title="Key padding, prefix-LM, packed documents")
+}, title="Key padding, prefix-LM, packed documents"))
 
 # %% [markdown]
 # ## Combinators
@@ -93,7 +91,7 @@ plot_masks({
 # %%
 combined = masks.or_masks(masks.sliding_window(3), masks.strided(4))
 print(combined.__name__)
-plot_mask(combined, q_len=12)
+show(plot_mask(combined, q_len=12))
 
 # %% [markdown]
 # ## Density at T = 64
@@ -131,6 +129,7 @@ print(f"{'key_padding([48, 64]), batch 2':<32} {masks.density(masks.key_padding(
 
 # %%
 compiled_flex = torch.compile(flex_attention, dynamic=False)
+torch.manual_seed(0)
 B, H, D = 1, 2, 16
 q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
 with torch._dynamo.config.patch(cache_size_limit=64):

@@ -15,10 +15,11 @@
 #   largest magnitude is printed with the table).
 
 # %%
-import matplotlib.pyplot as plt
 import torch
+from matplotlib.figure import Figure
 
 from attention import IMPLEMENTATIONS
+from attention.plotting import show
 from attention.reference import reference_causal_self_attention
 
 # Both FlexAttention classes share one compiled `flex_attention`, recompiled per dtype, per
@@ -88,7 +89,8 @@ for note in notes:
 
 # %%
 markers = "osD^vP*Xh<>p8"
-fig, axes = plt.subplots(len(DTYPES), 1, figsize=(8, 10), dpi=110, constrained_layout=True)
+fig = Figure(figsize=(8, 10), layout="constrained")
+axes = fig.subplots(len(DTYPES), 1)
 for ax, (dtype_name, by_implementation) in zip(axes, errors.items()):
     for i, (name, row) in enumerate(by_implementation.items()):
         ax.plot(LENGTHS, row, marker=markers[i % len(markers)], linestyle="-" if i < 10 else "--", label=name)
@@ -104,7 +106,7 @@ for ax, (dtype_name, by_implementation) in zip(axes, errors.items()):
     ax.grid(True, which="both", alpha=0.3)
 handles, labels = axes[0].get_legend_handles_labels()
 fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize="small", title="implementation")
-plt.show()
+show(fig)
 
 # %% [markdown]
 # ## The numbers

@@ -17,7 +17,7 @@ import math
 import torch
 
 from attention import IMPLEMENTATIONS
-from attention.plotting import plot_alibi, plot_attention_weights, plot_learned, plot_rope_angles, plot_sinusoidal
+from attention.plotting import plot_alibi, plot_attention_weights, plot_learned, plot_rope_angles, plot_sinusoidal, show
 from attention.positional import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,
@@ -27,8 +27,6 @@ from attention.positional import (
 )
 from attention.reference import reference_causal_self_attention
 
-torch.manual_seed(0)
-
 # %% [markdown]
 # ## Sinusoidal
 #
@@ -36,7 +34,7 @@ torch.manual_seed(0)
 # features at low `i`, slow ones at high `i`. It needs no parameters and is defined at any position.
 
 # %%
-plot_sinusoidal(num_positions=64, dim=32)
+show(plot_sinusoidal(num_positions=64, dim=32))
 
 # %%
 table = sinusoidal_table(64, 32)
@@ -51,12 +49,13 @@ print("PE[10, 6] =", table[t, 2 * i].item(), " closed form:", math.sin(t / 10000
 # built for, and says so instead of indexing out of range or wrapping around:
 
 # %%
+torch.manual_seed(0)
 learned = LearnedPositionalEmbedding(max_len=16, dim=8)
 try:
     learned(torch.zeros(1, 20, 8))
 except ValueError as error:
     print("ValueError:", error)
-plot_learned(learned)
+show(plot_learned(learned))
 
 # %% [markdown]
 # ## Rotary (RoPE)
@@ -68,7 +67,7 @@ plot_learned(learned)
 # cache grows), so long inputs are never silently truncated.
 
 # %%
-plot_rope_angles(seq_len=64, head_dim=32)
+show(plot_rope_angles(seq_len=64, head_dim=32))
 
 # %%
 rope = RotaryEmbedding(head_dim=16)
@@ -100,10 +99,11 @@ print(f"score(q at 5, k at 2) = {score_5_2:.5f}   score(q at 35, k at 32) = {sco
 # %%
 print("slopes, 8 heads: ", [f"1/{round(1 / s)}" for s in alibi_slopes(8).tolist()])
 print("slopes, 6 heads: ", [round(s, 5) for s in alibi_slopes(6).tolist()])
-plot_alibi(num_heads=8, seq_len=12, causal=True)
+show(plot_alibi(num_heads=8, seq_len=12, causal=True))
 
 # %%
-plot_alibi(num_heads=4, seq_len=12, causal=False, title="Symmetric ALiBi (bidirectional encoders only): -m |i - j|")
+show(plot_alibi(num_heads=4, seq_len=12, causal=False,
+                title="Symmetric ALiBi (bidirectional encoders only): -m |i - j|"))
 
 # %% [markdown]
 # ## The modules, checked against the float64 reference
@@ -125,4 +125,4 @@ for name in ("rope", "alibi", "alibi_flex"):
 # large slope look at the last few tokens, heads with a small slope spread out.
 
 # %%
-plot_attention_weights(weights[0].float(), ncols=4, title="ALiBi attention weights per head (reference, batch 0)")
+show(plot_attention_weights(weights[0].float(), ncols=4, title="ALiBi attention weights per head (reference, batch 0)"))

@@ -1,5 +1,7 @@
 """Session fixtures shared by the docs and browser tests."""
 
+import dataclasses
+import json
 import os
 import pathlib
 import subprocess
@@ -10,6 +12,37 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS_BUILD_TIMEOUT_S = 20 * 60  # a hung notebook cell must not hang CI
+SCRIPT_TIMEOUT_S = 600
+
+
+@dataclasses.dataclass
+class ExampleRun:
+    command: str
+    returncode: int
+    stdout: str
+    stderr: str
+    figures: int | None  # how many matplotlib Figures the script made; None if it never got to count
+
+
+@pytest.fixture(scope="session")
+def run_example(tmp_path_factory):
+    """`run_example(script)` runs `examples/<script>` once per session as a plain script (through
+    tests/run_example.py, which counts the figures it makes) and returns an `ExampleRun`."""
+    runs = {}
+
+    def run(script):
+        script = pathlib.Path(script)
+        if script.name not in runs:
+            counts = tmp_path_factory.mktemp("example-run") / "counts.json"
+            command = [sys.executable, str(ROOT / "tests" / "run_example.py"), str(script.relative_to(ROOT)), str(counts)]
+            env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONPATH": str(ROOT)}
+            env.pop("ATTENTION_BENCH_QUICK_RESULT", None)  # as a reader runs it: measure afresh
+            result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S)
+            figures = json.loads(counts.read_text())["figures"] if counts.exists() else None
+            runs[script.name] = ExampleRun(" ".join(command[1:3]), result.returncode, result.stdout, result.stderr, figures)
+        return runs[script.name]
+
+    return run
 
 
 @pytest.fixture(scope="session")

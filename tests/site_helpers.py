@@ -126,8 +126,9 @@ def fetch(url, timeout=20):
 
 
 # Runs in the page: brings every image into view (so `loading="lazy"` ones load), waits for each,
-# and returns the ones that did not load. An image that is not rendered (inside a closed <details>
-# or an inactive tab) cannot be scrolled to; it is checked by loading its URL into a new Image.
+# and returns the ones that did not load, have no alt text (nbconvert's placeholder counts as none)
+# or are laid out with no size. An image that is not rendered (inside a closed <details> or an
+# inactive tab) cannot be scrolled to; it is checked by loading its URL into a new Image.
 CHECK_IMAGES_JS = """
 async (perImageTimeoutMs) => {
   const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -157,6 +158,13 @@ async (perImageTimeoutMs) => {
     } else {
       broken.push(describe(img) + ` (not loaded after ${perImageTimeoutMs} ms, loading=${img.loading})`);
     }
+  }
+  const placeholder = "No description has been provided for this image";
+  for (const img of images) {
+    const alt = (img.getAttribute("alt") || "").trim();
+    if (!alt || alt === placeholder) broken.push(describe(img) + " (no alt text)");
+    const box = img.getBoundingClientRect();
+    if (rendered(img) && (box.width < 1 || box.height < 1)) broken.push(describe(img) + ` (laid out ${box.width}x${box.height})`);
   }
   return {count: images.length, broken};
 }

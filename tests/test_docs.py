@@ -1,18 +1,24 @@
 """The documentation: example scripts, code blocks in the Markdown pages, and the strict build.
 
-* Every `examples/*.py` runs as a plain script (`python examples/x.py`), as a reader would run it.
+* Every `examples/*.py` runs as a plain script (as `python examples/x.py` would), as a reader would
+  run it; the figures it makes are counted (tests/run_example.py).
 * The ```python code blocks of each page under docs/ run in order, in one fresh namespace per
   page. A block whose first line is `# skip-test` is not run: use it for code that needs a GPU,
   the network or minutes of time, and say so in the page.
 * `mkdocs build --strict` succeeds (the `built_site` fixture in conftest.py), its pages load
   nothing from other hosts, and a failing example cell fails the build.
+* What the reader sees: every example page shows exactly as many images as its script makes
+  figures (a figure rendered as text, `<Figure size ...>`, shows none), and no page shows an
+  object's repr (`<Figure ...>`, `<... at 0x...>`, `<torch._C.Generator ...>`).
 * The hook that brings examples/ into the build enables mkdocs-jupyter's cache under
   `mkdocs serve` only.
 """
 
+import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -40,11 +46,9 @@ def script_env():
     pytest.param(path, id=path.name, marks=[pytest.mark.slow] if path.name in SLOW_SCRIPTS else [])
     for path in EXAMPLES
 ])
-def test_example_runs_as_a_plain_script(script):
-    command = [sys.executable, str(script.relative_to(ROOT))]
-    result = subprocess.run(command, cwd=ROOT, env=script_env(), capture_output=True, text=True,
-                            timeout=SCRIPT_TIMEOUT_S)
-    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
+def test_example_runs_as_a_plain_script(script, run_example):
+    run = run_example(script)
+    assert run.returncode == 0, f"{run.command} failed:\n{run.stdout[-4000:]}\n{run.stderr[-8000:]}"
 
 
 def python_blocks(page):
@@ -157,6 +161,67 @@ def test_hook_caches_executed_examples_under_serve_only():
         hook.on_startup(command="build", dirty=False)
 
 
+def test_hook_gives_example_kernels_a_quiet_clean_profile(monkeypatch):
+    from mkdocs.config import load_config
+
+    config = load_config(str(ROOT / "mkdocs.yml"))
+    hook = config.hooks[HOOK.relative_to(ROOT).as_posix()]
+    monkeypatch.delenv("IPYTHONDIR", raising=False)
+    hook.on_config(config)
+    profile = pathlib.Path(os.environ["IPYTHONDIR"]) / "profile_default"
+    assert [path.name for path in profile.iterdir()] == ["ipython_kernel_config.json"]
+    assert json.loads((profile / "ipython_kernel_config.json").read_text()) == {"IPKernelApp": {"log_level": "ERROR"}}
+
+
+BENCH_HOOK = ROOT / "docs" / "_hooks" / "benchmarks.py"
+
+
+def benchmarks_hook_in(tmp_path, monkeypatch, command):
+    """The benchmarks hook of the real mkdocs.yml, run as `command` for a project root in tmp_path
+    that holds a copy of the recorded results; the source hash is made up, so nothing cached fits."""
+    from mkdocs.config import load_config
+
+    config = load_config(str(ROOT / "mkdocs.yml"))
+    hook = config.hooks[BENCH_HOOK.relative_to(ROOT).as_posix()]
+    shutil.copytree(ROOT / "docs" / "results", tmp_path / "docs" / "results")
+    config.config_file_path = str(tmp_path / "mkdocs.yml")
+    monkeypatch.setattr("attention.bench.source_hash", lambda: "0123456789abcdef" * 4)
+    monkeypatch.delenv(hook.ENV_VAR, raising=False)
+    monkeypatch.setitem(hook.state, "command", command)
+    return hook, config
+
+
+def test_serve_reuses_a_cached_quick_run_and_never_measures(tmp_path, monkeypatch):
+    hook, config = benchmarks_hook_in(tmp_path, monkeypatch, "serve")
+    measured = []
+    monkeypatch.setattr(hook, "run_quick_benchmark", lambda root, out: measured.append(out))
+    hook.on_pre_build(config)  # nothing cached: no run, an empty tab that says how to fill it
+    assert measured == [] and hook.state["build_result"] is None
+    assert pathlib.Path(os.environ[hook.ENV_VAR]).parent == tmp_path / "docs" / "results"
+    # The recorded runs' charts, which the tabs show (on_files also adds them to the build).
+    monkeypatch.setitem(hook.state, "charts", {path.stem: hook.chart_set(path.stem, result)
+                                               for path, result in hook.state["recorded"]})
+    assert hook.NOT_MEASURED in hook.benchmark_tabs() and hook.NOT_MEASURED in hook.headline_charts()
+    cached = tmp_path / ".cache" / "bench" / f"cpu-quick-{'0123456789abcdef'}.json"
+    cached.parent.mkdir(parents=True)
+    shutil.copy(ROOT / "docs" / "results" / "cpu-amd-epyc-2c-float32-compiled.json", cached)
+    hook.on_pre_build(config)  # a run for these sources: reused, still not measured
+    assert measured == [] and os.environ[hook.ENV_VAR] == str(cached) and hook.state["build_result"] is not None
+
+
+def test_build_always_measures_into_the_cache(tmp_path, monkeypatch):
+    hook, config = benchmarks_hook_in(tmp_path, monkeypatch, "build")
+    cached = tmp_path / ".cache" / "bench" / "cpu-quick-0123456789abcdef.json"
+
+    def fake_run(root, out):
+        assert out == cached
+        shutil.copy(ROOT / "docs" / "results" / "cpu-amd-epyc-2c-float32-compiled.json", out)
+
+    monkeypatch.setattr(hook, "run_quick_benchmark", fake_run)
+    hook.on_pre_build(config)
+    assert os.environ[hook.ENV_VAR] == str(cached) and hook.state["build_result"] is not None
+
+
 # ----------------------------------------------------------------------------------------------
 # Builds
 # ----------------------------------------------------------------------------------------------
@@ -180,6 +245,47 @@ def test_strict_build_publishes_every_example_offline(built_site):
     assert not offsite, "tags that load from other hosts:\n" + "\n".join(offsite[:20])
     numerics = (site / "examples" / "numerics" / "index.html").read_text(encoding="utf-8")
     assert re.search(r'<img [^>]*src="data:image/png;base64,', numerics), "the numerics page has no figure"
+
+
+DATA_IMAGE = re.compile(r'<img\b[^>]*\bsrc="data:image/(?:png|svg\+xml|jpeg)[;,]')
+# Reprs a reader has no use for, as they appear HTML-escaped in a page.
+OBJECT_REPR = re.compile(r"&lt;(?:Figure size \d+x\d+ with \d+ Axes|torch\._C\.Generator\b[^&]*"
+                         r"|[^&<>]{1,120}? at 0x[0-9a-fA-F]+)&gt;")
+
+
+def test_object_repr_pattern_catches_what_it_should():
+    for text in ("&lt;Figure size 1240x400 with 4 Axes&gt;", "&lt;torch._C.Generator object at 0x7f3a&gt;",
+                 "[&lt;matplotlib.lines.Line2D at 0x7f00ab12&gt;]", "&lt;attention.Foo object at 0xdeadbeef&gt;",
+                 "&lt;function causal at 0x7f12&gt;"):
+        assert OBJECT_REPR.search(text), text
+    for text in ("&lt;pad&gt;", "(B, T) &lt;= 0x10", "&lt;Figure&gt;"):
+        assert not OBJECT_REPR.search(text), text
+
+
+@pytest.mark.slow
+def test_every_figure_renders_as_an_image(built_site, run_example):
+    """Each example page shows one image per Figure its script makes, counted by running the script."""
+    problems, shown = [], {}
+    for script in EXAMPLES:
+        run = run_example(script)
+        assert run.figures is not None, f"{run.command} did not finish:\n{run.stderr[-4000:]}"
+        html = (pathlib.Path(built_site) / "examples" / script.stem / "index.html").read_text(encoding="utf-8")
+        shown[script.name] = len(DATA_IMAGE.findall(html))
+        if shown[script.name] != run.figures:
+            problems.append(f"{script.name}: the script makes {run.figures} figures, its page shows "
+                            f"{shown[script.name]} images")
+    print("\nimages per example page:", shown)
+    assert not problems, "figures missing from (or extra on) the example pages:\n" + "\n".join(problems)
+    assert sum(shown.values()) >= 10, shown  # the masks, encodings, heat maps and charts
+
+
+@pytest.mark.slow
+def test_no_page_shows_an_object_repr(built_site):
+    found = []
+    for page in sorted(pathlib.Path(built_site).rglob("*.html")):
+        text = page.read_text(encoding="utf-8")
+        found += [f"{page.relative_to(built_site)}: {match.group(0)}" for match in OBJECT_REPR.finditer(text)]
+    assert not found, "object reprs a reader has no use for:\n" + "\n".join(found[:30])
 
 
 @pytest.mark.slow

@@ -44,8 +44,12 @@ def test_plot_returns_a_labelled_figure(name):
     assert all(ax.get_ylabel() for ax in colorbars)
     panels = [ax for ax in fig.axes if ax not in colorbars]
     has_suptitle = fig._suptitle is not None and fig._suptitle.get_text()
-    for ax in panels:
-        assert ax.get_xlabel() and ax.get_ylabel()
+    for ax in panels:  # in a grid, the left column carries the y label and the bottom panels the x label
+        spec = ax.get_subplotspec()
+        below = [other for other in panels if other.get_subplotspec().colspan.start == spec.colspan.start
+                 and other.get_subplotspec().rowspan.start > spec.rowspan.start]
+        assert ax.get_ylabel() or spec.colspan.start > 0
+        assert ax.get_xlabel() or below
         assert ax.get_title() or has_suptitle
     fig.savefig(io.BytesIO(), format="png")  # renders under Agg without error
     # Built with matplotlib.figure.Figure, not pyplot: no global figure registry to close it from.
@@ -66,3 +70,63 @@ def test_plot_errors_name_the_problem():
         plotting.plot_attention_weights(torch.rand(4, 4))
     with pytest.raises(ValueError, match="mask must be a mask_mod or a boolean"):
         plotting.plot_mask(torch.ones(3, 3))
+
+
+def test_attention_weights_with_tokens_and_mask():
+    tokens = ["the", "cat", "sat", "<pad>"]
+    mask = dense_mask(causal, 4, 4)
+    fig = plotting.plot_attention_weights(torch.softmax(torch.randn(2, 4, 4), dim=-1), tokens=tokens, mask=mask)
+    panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    assert len(panels) == 3 and panels[0].get_title() == "the mask (dark = attend)"
+    for ax in panels:
+        assert [label.get_text() for label in ax.get_xticklabels()] == tokens
+        assert [label.get_text() for label in ax.get_yticklabels()] == tokens
+    with pytest.raises(ValueError, match=r"tokens must label Tq = 4 queries and Tk = 4 keys"):
+        plotting.plot_attention_weights(torch.rand(2, 4, 4), tokens=tokens[:3])
+    with pytest.raises(ValueError, match=r"mask must cover the weights' \(Tq, Tk\) = \(4, 4\)"):
+        plotting.plot_attention_weights(torch.rand(2, 4, 4), mask=dense_mask(causal, 4, 5))
+
+
+def test_figure_html_holds_a_png_twice_its_css_size_with_alt_text():
+    import base64
+    import re
+
+    from PIL import Image
+
+    html = plotting.figure_html(plotting.plot_mask(causal, q_len=4))
+    match = re.fullmatch(r'<img class="attention-figure" src="data:image/png;base64,(?P<png>[A-Za-z0-9+/=]+)" '
+                         r'width="(?P<width>\d+)" height="(?P<height>\d+)" alt="(?P<alt>[^"]+)">', html)
+    assert match, html[:200]
+    image = Image.open(io.BytesIO(base64.b64decode(match["png"])))
+    assert abs(image.width - 2 * int(match["width"])) <= 1 and abs(image.height - 2 * int(match["height"])) <= 1
+    assert image.getpixel((0, 0))[:3] == (255, 255, 255), "an opaque white background, legible in dark mode"
+    assert match["alt"] == "causal (density 0.62)"
+    assert plotting.figure_alt(plotting.plot_masks({"a": causal}, q_len=3, title="Two\nlines")) == "Two lines"
+
+
+@pytest.mark.parametrize("inline_backend", [False, True], ids=["no-pyplot", "inline-backend"])
+def test_show_displays_an_image_whatever_the_backend(inline_backend):
+    """`show` puts one `<img>` in the cell's output, with or without matplotlib-inline's Figure formatter."""
+    interactiveshell = pytest.importorskip("IPython.core.interactiveshell")
+    from IPython.utils.capture import capture_output
+
+    shell = interactiveshell.InteractiveShell.instance()
+    png_formatter = shell.display_formatter.formatters["image/png"]
+    if inline_backend:  # what importing pyplot in a kernel does: a PNG printer for every Figure
+        png_formatter.for_type(Figure, lambda fig: b"inline backend's PNG")
+    try:
+        with capture_output() as captured:
+            result = plotting.show(plotting.plot_mask(causal, q_len=4))
+    finally:
+        png_formatter.type_printers.pop(Figure, None)
+        interactiveshell.InteractiveShell.clear_instance()  # get_ipython() is None again
+    assert result is None, "show returns None: a cell ending in show(...) prints no repr"
+    assert len(captured.outputs) == 1
+    data = captured.outputs[0].data
+    assert data["text/html"].startswith('<img class="attention-figure" src="data:image/png;base64,')
+    assert data["text/plain"] == "[figure: causal (density 0.62)]"
+
+
+def test_show_does_nothing_outside_ipython(capsys):
+    assert plotting.show(plotting.plot_mask(causal, q_len=4)) is None
+    assert capsys.readouterr().out == ""

@@ -1,7 +1,7 @@
 """The built documentation site, end to end, in a real browser (Chromium driven by Playwright).
 
 Serves the `built_site` (conftest.py) on 127.0.0.1, opens every page of the navigation, and checks
-what a reader would notice: pages, titles, images, links and anchors, JavaScript errors, requests
+what a reader would notice: pages, titles, images (loaded, sized, with alt text), links and anchors, JavaScript errors, requests
 that leave the machine, search, the per-device tabs of the benchmark page, code copy buttons.
 Screenshots of a few pages go to $SCREENSHOT_DIR, else to `screenshots/` under pytest's temp dir.
 
@@ -328,9 +328,10 @@ def test_every_page_loads_with_a_title_and_h1(walk):
         f"pages that fail to load or lack <title>/<h1> ({len(walk.pages)} walked):\n" + _listing(problems))
 
 
-def test_every_image_loads(walk):
+def test_every_image_loads_with_alt_text_and_a_size(walk):
     problems = walk.image_problems
-    assert not problems, f"images that do not load ({walk.images} checked):\n" + _listing(problems)
+    assert walk.images, "found no images at all"
+    assert not problems, f"images that do not load, lack alt text or have no size ({walk.images} checked):\n" + _listing(problems)
 
 
 def test_every_internal_link_and_anchor_resolves(walk):

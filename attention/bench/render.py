@@ -1,15 +1,17 @@
 """Turn a results file into Markdown tables, matplotlib charts and a provenance note.
 
 Everything here reads the JSON written by `python -m attention.bench --out FILE` (or the dict that
-`run_benchmark` returns); nothing is measured. matplotlib is imported only by the chart functions.
+`run_benchmark` returns); nothing is measured. matplotlib is imported only by the chart functions,
+which build `matplotlib.figure.Figure`s without pyplot (no global state, any backend).
 
 Typical use in an executed docs page:
 
     from attention.bench import render
+    from attention.plotting import show
     result = render.load_result(render.find_results(device_type="cpu")[0])
     print(render.provenance_summary(result))
     print(render.markdown_tables(result))
-    render.plot_time_vs_seq_len(result)
+    show(render.plot_time_vs_seq_len(result))
 """
 
 import json
@@ -342,7 +344,7 @@ def _shape_panels(result, batch, seq_len, keep, sort_key):
         `(batch, seq_len, fig, panels)` with the resolved shape, a figure tall enough for the longest
         panel, and `panels` a list of `(ax, mode, rows)`.
     """
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     config = result["config"]
     batch = config["batch"] if batch is None else batch
@@ -350,7 +352,8 @@ def _shape_panels(result, batch, seq_len, keep, sort_key):
     modes = config["modes"]
     rows_per_mode = [sorted(filter(keep, shape_rows(result, mode, batch, seq_len)), key=sort_key) for mode in modes]
     height = max(2.5, 0.32 * max((len(rows) for rows in rows_per_mode), default=1) + 1.2)
-    fig, axes = plt.subplots(1, len(modes), figsize=(6.0 * len(modes), height), squeeze=False)
+    fig = Figure(figsize=(6.0 * len(modes), height))
+    axes = fig.subplots(1, len(modes), squeeze=False)
     return batch, seq_len, fig, list(zip(axes[0], modes, rows_per_mode))
 
 
@@ -433,9 +436,9 @@ MARKERS = "osD^v<>pPX*h"
 
 def _plot_series(ax, series):
     """One line per implementation; 20 colours and 11 markers keep up to 20 lines apart."""
-    import matplotlib.pyplot as plt
+    import matplotlib
 
-    colors = plt.get_cmap("tab20").colors
+    colors = matplotlib.colormaps["tab20"].colors
     for index, (label, points) in enumerate(series.items()):
         ax.plot(*zip(*points), marker=MARKERS[index % len(MARKERS)], markersize=4, linewidth=1.3,
                 color=colors[index % len(colors)], label=label)
@@ -466,10 +469,11 @@ def plot_time_vs_seq_len(result, mode="forward"):
     Returns:
         A matplotlib `Figure`.
     """
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     series = _sweep_series(result, mode, "ms_median")
-    fig, ax = plt.subplots(figsize=(7.5, 5))
+    fig = Figure(figsize=(7.5, 5))
+    ax = fig.subplots()
     _plot_series(ax, series)
     _guide(ax, series, 2, "O(T²)")
     ax.set_xscale("log", base=2)
@@ -494,12 +498,13 @@ def plot_memory_vs_seq_len(result, mode="forward"):
     Returns:
         A matplotlib `Figure`.
     """
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     series = {label: [(t, v / 2**20) for t, v in points if v > 0]
               for label, points in _sweep_series(result, mode, "peak_memory_bytes").items()}
     series = {label: points for label, points in series.items() if points}
-    fig, ax = plt.subplots(figsize=(7.5, 5))
+    fig = Figure(figsize=(7.5, 5))
+    ax = fig.subplots()
     _plot_series(ax, series)
     _guide(ax, series, 2, "O(T²)", scale=2.0)
     _guide(ax, series, 1, "O(T)", scale=0.5)

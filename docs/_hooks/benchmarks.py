@@ -2,33 +2,40 @@
 
 * `on_pre_build` runs the benchmark's quick profile on this machine's CPU
   (`python -m attention.bench --quick --device cpu`), so the "CPU, this build" tab shows numbers
-  measured by the very build that publishes them. Under `mkdocs serve` the run is cached in
-  `.cache/bench/`, keyed on a hash of the `attention/` sources, so editing a page does not re-run it;
-  `mkdocs build` (CI) always measures afresh. The path of the result is exported as
-  `ATTENTION_BENCH_QUICK_RESULT` so `examples/benchmark.py`, executed later in the same build,
-  renders the same run instead of timing a second one.
-* `on_files` draws the charts (matplotlib, PNG) of that run and of every recorded results file in
-  `docs/results/` and adds them to the site as generated files.
+  measured by the very build that publishes them. `mkdocs build` (CI) always measures afresh and
+  keeps the run in `.cache/bench/`, named after a hash of the `attention/` sources. `mkdocs serve`
+  never measures (it would hold back the first page by a minute and a half): it reuses that cached
+  run while the sources are unchanged, and otherwise leaves the tab empty with the command that
+  fills it. The path of the run is exported as `ATTENTION_BENCH_QUICK_RESULT` so
+  `examples/benchmark.py`, executed later in the same build, renders the same run instead of timing
+  a second one (under serve without a run: the newest recorded CPU run, which the page says).
+* `on_files` draws the charts (matplotlib, PNG at twice their on-page size, for high-density
+  screens) of that run and of every recorded results file in `docs/results/` and adds them to the
+  site as generated files.
 * `on_page_markdown` replaces `<!-- benchmark-tabs -->` in `benchmarks.md` with one content tab per
   device (CPU this build, CPU recorded, NVIDIA CUDA, Apple MPS), each with its provenance, tables
   and charts, and `<!-- headline-charts -->` in `index.md` with one headline chart per device.
   A device with no recorded run says how to produce one.
 """
 
-import io
 import logging
 import os
 import pathlib
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
+import warnings
 
 from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File
 
 log = logging.getLogger("mkdocs.hooks.benchmarks")
+
+# `import attention` reaches torch's inductor, which imports a module built on the deprecated
+# `torch.jit.script_method`; mkdocs would print that DeprecationWarning with a stack trace on every
+# build, and a reader can do nothing about it.
+warnings.filterwarnings("ignore", message=r"`torch\.jit\.script_method` is deprecated", category=DeprecationWarning)
 
 QUICK_TIMEOUT_S = 15 * 60
 ENV_VAR = "ATTENTION_BENCH_QUICK_RESULT"
@@ -51,45 +58,50 @@ def project_root(config):
     return pathlib.Path(config.config_file_path).resolve().parent
 
 
+def run_quick_benchmark(root, out):
+    """Run the quick profile into `out` (written atomically: a parallel build never reads half a file)."""
+    partial = out.with_name(f"{out.stem}.{os.getpid()}.partial.json")
+    command = [sys.executable, "-m", "attention.bench", "--quick", "--device", "cpu", "--out", str(partial)]
+    log.info("running the quick benchmark for the CPU tab: %s", " ".join(command[1:]))
+    started = time.perf_counter()
+    try:
+        finished = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=QUICK_TIMEOUT_S)
+    except subprocess.TimeoutExpired as error:
+        raise PluginError(f"the quick benchmark ran past {QUICK_TIMEOUT_S} s") from error
+    if finished.returncode != 0:
+        raise PluginError(f"the quick benchmark failed:\n{finished.stderr[-4000:]}")
+    partial.replace(out)
+    log.info("quick benchmark done in %.0f s", time.perf_counter() - started)
+
+
 def on_pre_build(config):
     from attention.bench import render, source_hash
 
     root = project_root(config)
-    if state["command"] == "serve":
-        out = root / ".cache" / "bench" / f"cpu-quick-{source_hash()[:16]}.json"
-    else:
-        out = pathlib.Path(tempfile.mkdtemp(prefix="attention-bench-")) / "cpu-quick.json"
-    if not (state["command"] == "serve" and out.exists()):
-        out.parent.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "attention.bench", "--quick", "--device", "cpu", "--out", str(out)]
-        log.info("running the quick benchmark for the CPU tab: %s", " ".join(command[1:]))
-        started = time.perf_counter()
-        try:
-            finished = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=QUICK_TIMEOUT_S)
-        except subprocess.TimeoutExpired as error:
-            raise PluginError(f"the quick benchmark ran past {QUICK_TIMEOUT_S} s") from error
-        if finished.returncode != 0:
-            raise PluginError(f"the quick benchmark failed:\n{finished.stderr[-4000:]}")
-        log.info("quick benchmark done in %.0f s", time.perf_counter() - started)
-    os.environ[ENV_VAR] = str(out)
-    state["build_result"] = render.load_result(out)
     recorded = [(path, render.load_result(path)) for path in render.find_results(root / "docs" / "results")]
     # Full default-profile runs first (newest first within each group): they are the headline.
     state["recorded"] = sorted(recorded, key=lambda item: item[1]["config"].get("profile") != "default")
-
-
-def figure_png(fig):
-    import matplotlib.pyplot as plt
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return buffer.getvalue()
+    out = root / ".cache" / "bench" / f"cpu-quick-{source_hash()[:16]}.json"
+    if state["command"] != "serve":
+        out.parent.mkdir(parents=True, exist_ok=True)
+        run_quick_benchmark(root, out)
+    elif not out.exists():
+        log.info("mkdocs serve does not run the quick benchmark and found none for the current sources, so "
+                 "the 'CPU, this build' tab stays empty; `mkdocs build` measures one (about 1.5 minutes) "
+                 "that serve then reuses until attention/ changes")
+        cpu_runs = [path for path, result in recorded if result["device_type"] == "cpu"]
+        state["build_result"] = None
+        if cpu_runs:
+            os.environ[ENV_VAR] = str(max(cpu_runs, key=lambda path: path.stat().st_mtime))
+        return
+    os.environ[ENV_VAR] = str(out)
+    state["build_result"] = render.load_result(out)
 
 
 def chart_set(slug, result):
-    """The charts of one result as {kind: (uri, alt text, png bytes)}."""
+    """The charts of one result as {kind: (uri, alt text, png bytes, width in CSS pixels)}."""
     from attention.bench import render
+    from attention.plotting import figure_png
 
     device = result["provenance"]["device"]["name"]
     charts = {"bars": (render.plot_bars(result), f"median time per implementation at the headline shape, {device}"),
@@ -101,26 +113,27 @@ def chart_set(slug, result):
     if render.sweep_rows(result, "forward_backward"):
         charts["time_fb"] = (render.plot_time_vs_seq_len(result, "forward_backward"),
                              f"forward + backward time against sequence length, {device}")
-    return {kind: (f"{ASSETS}/{slug}-{kind}.png", alt, figure_png(fig)) for kind, (fig, alt) in charts.items()}
+    rendered = {kind: (alt, *figure_png(fig)) for kind, (fig, alt) in charts.items()}
+    return {kind: (f"{ASSETS}/{slug}-{kind}.png", alt, png, width) for kind, (alt, png, width, _height) in rendered.items()}
 
 
 def on_files(files, config):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    state["charts"] = {"build": chart_set("cpu-build", state["build_result"])}
+    state["charts"] = {"build": chart_set("cpu-build", state["build_result"])} if state["build_result"] else {}
     for path, result in state["recorded"]:
         state["charts"][path.stem] = chart_set(path.stem, result)
     for charts in state["charts"].values():
-        for uri, _alt, png in charts.values():
+        for uri, _alt, png, _width in charts.values():
             files.append(File.generated(config, uri, content=png))
     return files
 
 
 def images(charts, page_dir):
-    """Markdown image lines for one chart set, with links relative to the page's source folder."""
+    """Markdown image lines for one chart set, with links relative to the page's source folder.
+
+    Each image is given its on-page width: the PNG holds twice as many pixels, for high-density screens.
+    """
     prefix = "../" * page_dir.count("/") if page_dir else ""
-    return "\n\n".join(f"![{alt}]({prefix}{uri})" for uri, alt, _png in charts.values())
+    return "\n\n".join(f'![{alt}]({prefix}{uri}){{ width="{width}" }}' for uri, alt, _png, width in charts.values())
 
 
 def result_section(title, result, charts):
@@ -135,10 +148,18 @@ def tab(title, body):
     return f'=== "{title}"\n\n' + textwrap.indent(body, "    ") + "\n"
 
 
+NOT_MEASURED = ("Not measured: `mkdocs serve` found no quick run for the current sources and does not run one "
+                "itself. `mkdocs build` measures it (about 1.5 minutes on 2 cores); serve then reuses that run "
+                "until `attention/` changes.")
+
+
 def benchmark_tabs():
     recorded = state["recorded"]
-    tabs = [tab("CPU, this build", result_section(
-        "Measured while this site was built (quick profile).", state["build_result"], state["charts"]["build"]))]
+    if state["build_result"] is None:
+        tabs = [tab("CPU, this build", NOT_MEASURED)]
+    else:
+        tabs = [tab("CPU, this build", result_section(
+            "Measured while this site was built (quick profile).", state["build_result"], state["charts"]["build"]))]
     cpu_runs = [(path, result) for path, result in recorded if result["device_type"] == "cpu"]
     if cpu_runs:
         tabs.append(tab("CPU, recorded", "\n\n".join(
@@ -161,8 +182,11 @@ def headline_charts():
     from attention.bench import render
 
     build = state["build_result"]
-    tabs = [tab("CPU, this build", f"{build['provenance']['device']['name']}, quick profile, {build['dtype']}.\n\n"
-                + images({"bars": state["charts"]["build"]["bars"]}, ""))]
+    if build is None:
+        tabs = [tab("CPU, this build", NOT_MEASURED)]
+    else:
+        tabs = [tab("CPU, this build", f"{build['provenance']['device']['name']}, quick profile, {build['dtype']}.\n\n"
+                    + images({"bars": state["charts"]["build"]["bars"]}, ""))]
     for device_type, (title, _command) in {"cpu": ("CPU, recorded", None), **DEVICES}.items():
         runs = [(path, result) for path, result in state["recorded"] if result["device_type"] == device_type]
         if runs:

@@ -10,16 +10,23 @@
   hash of `attention/**/*.py` and the torch version: editing a Markdown page rebuilds without
   re-running the examples, editing an example re-runs that example, and editing the package
   re-runs all of them.
+* `on_config` also points the kernels that execute the examples at a fresh IPython profile
+  (`IPYTHONDIR`) whose only setting keeps the kernel's log to errors: a reader's own startup files
+  cannot change what a page shows, and the console does not repeat, for every page, ipykernel 7's
+  warning that its local TCP connection is unencrypted (nothing a reader can act on).
 * `on_page_content` removes the MathJax and Mermaid loaders that nbconvert's template adds to every
   notebook page: both would fetch scripts from a CDN, and the examples use neither.
 """
 
 import hashlib
 import importlib.metadata
+import json
 import logging
+import os
 import pathlib
 import re
 import shutil
+import tempfile
 
 import jupytext
 from mkdocs.plugins import event_priority
@@ -32,6 +39,7 @@ JUPYTER_PLUGIN = "mkdocs-jupyter"
 
 # Kept across rebuilds: MkDocs loads a hook module once per process, and calls on_startup only once.
 command_seen = {"command": "build"}
+kernel_profile = {}  # "ipython_dir": the folder made by quiet_kernel_profile, once per process
 
 
 def on_startup(command, dirty):
@@ -52,10 +60,22 @@ def package_hash(root):
     return hasher.hexdigest()[:16]
 
 
+def quiet_kernel_profile():
+    """`IPYTHONDIR` for the example kernels: a new folder whose default profile logs errors only."""
+    if "ipython_dir" not in kernel_profile:
+        ipython_dir = pathlib.Path(tempfile.mkdtemp(prefix="attention-docs-ipython-"))
+        (ipython_dir / "profile_default").mkdir()
+        (ipython_dir / "profile_default" / "ipython_kernel_config.json").write_text(
+            json.dumps({"IPKernelApp": {"log_level": "ERROR"}}))
+        kernel_profile["ipython_dir"] = str(ipython_dir)
+    return kernel_profile["ipython_dir"]
+
+
 def on_config(config):
     plugin = config.plugins.get(JUPYTER_PLUGIN)
     if plugin is None:
         return config
+    os.environ["IPYTHONDIR"] = quiet_kernel_profile()
     root = project_root(config)
     if command_seen["command"] == "serve":
         cache_root = root / ".cache" / "mkdocs-jupyter"
