@@ -97,8 +97,8 @@ mask = masks.dense_mask(masks.and_masks(masks.causal, masks.key_padding(lengths)
 with torch.no_grad():
     x = embedding(token_ids)  # (B, T, d_model)
     out, weights = mha(x, mask=mask, need_weights=True)  # weights: (B, H, T, T)
-show(plot_attention_weights(weights[0], tokens=tokens, mask=mask[0, 0], ncols=3,
-                            title="MultiHeadAttention(32, 4) weights under causal + key padding (random weights)"))
+show(plot_attention_weights(weights[0], tokens=tokens, mask=mask[0, 0], ncols=2,
+                            title="MultiHeadAttention(32, 4) weights, causal + key padding (random weights)"))
 
 # %% [markdown]
 # With no position encoding, attention cannot tell the two "the" tokens apart: they have the same

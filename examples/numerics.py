@@ -15,6 +15,7 @@
 #   largest magnitude is printed with the table).
 
 # %%
+import matplotlib
 import torch
 from matplotlib.figure import Figure
 
@@ -89,11 +90,12 @@ for note in notes:
 
 # %%
 markers = "osD^vP*Xh<>p8"
+colors = matplotlib.colormaps["tab20"].colors  # one colour per implementation (the default cycle has 10)
 fig = Figure(figsize=(8, 10), layout="constrained")
 axes = fig.subplots(len(DTYPES), 1)
 for ax, (dtype_name, by_implementation) in zip(axes, errors.items()):
     for i, (name, row) in enumerate(by_implementation.items()):
-        ax.plot(LENGTHS, row, marker=markers[i % len(markers)], linestyle="-" if i < 10 else "--", label=name)
+        ax.plot(LENGTHS, row, marker=markers[i % len(markers)], color=colors[i % len(colors)], label=name)
     ax.plot(LENGTHS, [floor[dtype_name][T] for T in LENGTHS], color="black", linestyle=":",
             linewidth=2, label="floor: the exact result rounded to the dtype")
     ax.set_xscale("log", base=2)

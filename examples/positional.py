@@ -125,4 +125,4 @@ for name in ("rope", "alibi", "alibi_flex"):
 # large slope look at the last few tokens, heads with a small slope spread out.
 
 # %%
-show(plot_attention_weights(weights[0].float(), ncols=4, title="ALiBi attention weights per head (reference, batch 0)"))
+show(plot_attention_weights(weights[0].float(), title="ALiBi attention weights per head (reference, batch 0)"))

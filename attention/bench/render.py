@@ -444,7 +444,7 @@ def _plot_series(ax, series):
                 color=colors[index % len(colors)], label=label)
 
 
-def _guide(ax, series, power, label, scale=1.0):
+def _guide(ax, series, power, label, scale=1.0, linestyle="--"):
     """Dashed line c*T^power through the geometric mean of the values at the longest T."""
     last = [points[-1] for points in series.values() if points]
     if not last:
@@ -456,7 +456,8 @@ def _guide(ax, series, power, label, scale=1.0):
     anchor = math.exp(sum(math.log(v) for v in at_longest) / len(at_longest)) * scale
     shortest = min(t for points in series.values() for t, _ in points)
     lengths = [shortest, longest]
-    ax.plot(lengths, [anchor * (t / longest) ** power for t in lengths], "k--", linewidth=1, alpha=0.6, label=label)
+    ax.plot(lengths, [anchor * (t / longest) ** power for t in lengths], color="k", linestyle=linestyle, linewidth=1,
+            alpha=0.6, label=label)
 
 
 def plot_time_vs_seq_len(result, mode="forward"):
@@ -507,7 +508,7 @@ def plot_memory_vs_seq_len(result, mode="forward"):
     ax = fig.subplots()
     _plot_series(ax, series)
     _guide(ax, series, 2, "O(T²)", scale=2.0)
-    _guide(ax, series, 1, "O(T)", scale=0.5)
+    _guide(ax, series, 1, "O(T)", scale=0.5, linestyle=":")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length T (tokens)")

@@ -21,8 +21,10 @@
 import logging
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import warnings
@@ -59,9 +61,10 @@ def project_root(config):
 
 
 def run_quick_benchmark(root, out):
-    """Run the quick profile into `out` (written atomically: a parallel build never reads half a file)."""
-    partial = out.with_name(f"{out.stem}.{os.getpid()}.partial.json")
-    command = [sys.executable, "-m", "attention.bench", "--quick", "--device", "cpu", "--out", str(partial)]
+    """Run the quick profile into `out`: measured into a temporary folder (the command recorded in the
+    provenance names that file), then copied in and renamed, so a parallel build never reads half a file."""
+    measured = pathlib.Path(tempfile.mkdtemp(prefix="attention-bench-")) / "cpu-quick.json"
+    command = [sys.executable, "-m", "attention.bench", "--quick", "--device", "cpu", "--out", str(measured)]
     log.info("running the quick benchmark for the CPU tab: %s", " ".join(command[1:]))
     started = time.perf_counter()
     try:
@@ -70,7 +73,10 @@ def run_quick_benchmark(root, out):
         raise PluginError(f"the quick benchmark ran past {QUICK_TIMEOUT_S} s") from error
     if finished.returncode != 0:
         raise PluginError(f"the quick benchmark failed:\n{finished.stderr[-4000:]}")
+    partial = out.with_name(f"{out.stem}.{os.getpid()}.partial")
+    shutil.copyfile(measured, partial)
     partial.replace(out)
+    shutil.rmtree(measured.parent, ignore_errors=True)
     log.info("quick benchmark done in %.0f s", time.perf_counter() - started)
 
 
