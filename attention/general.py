@@ -43,15 +43,17 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError(f"{name} must be positive, got {name}={value}")
         if d_model % num_heads != 0:
             raise ValueError(f"d_model must be divisible by num_heads, got d_model={d_model}, num_heads={num_heads}")
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be a float in [0, 1), got dropout={dropout!r}")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
+            raise TypeError(f"dropout must be a float, got dropout={dropout!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got dropout={dropout}")
         head_dim = d_model // num_heads
         if rope and head_dim % 2 != 0:
             raise ValueError(f"rope needs an even head_dim, got head_dim={head_dim} (d_model={d_model}, num_heads={num_heads})")
         if rope and not rope_base > 0:
             raise ValueError(f"rope_base must be positive, got rope_base={rope_base}")
         self.d_model, self.num_heads, self.head_dim = d_model, num_heads, head_dim
-        self.dropout, self.rope, self.rope_base = float(dropout), rope, float(rope_base)
+        self.dropout_p, self.rope, self.rope_base = float(dropout), rope, float(rope_base)
         self.query = nn.Linear(d_model, d_model, bias=bias)
         self.key = nn.Linear(d_model, d_model, bias=bias)
         self.value = nn.Linear(d_model, d_model, bias=bias)
@@ -94,7 +96,7 @@ class MultiHeadAttention(nn.Module):
             # the output is 0 and no NaN reaches the gradients.
             attn_mask = mask | ~row_has_key  # (B|1, H|1, Tq, Tk)
 
-        dropout_p = self.dropout if self.training else 0.0
+        dropout_p = self.dropout_p if self.training else 0.0
         attn_weights = None
         if need_weights:
             scores = q @ k.transpose(-2, -1) / math.sqrt(D)  # (B, H, Tq, Tk)
@@ -161,6 +163,7 @@ class MultiHeadAttention(nn.Module):
         self.load_state_dict(state)
 
 
+# Same as attention/positional/rotary.py::rotary_cos_sin
 def rotary_cos_sin(seq_len, head_dim, base, device, dtype):
     """Cosines and sines of the rotary angles `position * base ** (-2i / head_dim)`, each `(seq_len, head_dim)`.
 
@@ -173,12 +176,14 @@ def rotary_cos_sin(seq_len, head_dim, base, device, dtype):
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
+# Same as attention/positional/rotary.py::rotate_half
 def rotate_half(x):
     """`(x1, x2) -> (-x2, x1)` on the two halves of the last dimension."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([-x2, x1], dim=-1)
 
 
+# Same as attention/positional/rotary.py::apply_rotary
 def apply_rotary(x, cos, sin):
     """Rotate each pair `(x[..., i], x[..., i + D/2])` of `(B, H, T, D)` `x` by its position's angle."""
     return x * cos + rotate_half(x) * sin  # (B, H, T, D)

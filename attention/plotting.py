@@ -2,10 +2,11 @@
 
 Every `plot_*` function returns a `matplotlib.figure.Figure` built without pyplot, so it works under
 any backend (Agg included), holds no global state and needs no `plt.close`. Show one in a notebook
-with `show(fig)`: it displays a PNG rendered at twice the figure's on-screen size (crisp on
-high-density screens), on a white background (legible in dark mode), with alt text, whatever the
-kernel's matplotlib backend is. (A bare `Figure` left as a cell's last expression displays as text,
-`<Figure size ...>`, unless pyplot happens to be imported.) Elsewhere call `fig.savefig(path)`.
+with `attention.display.show(fig)`: it displays a PNG rendered at twice the figure's on-screen size
+(`figure_png`: crisp on high-density screens), on a white background (legible in dark mode), with
+alt text (`figure_alt`), whatever the kernel's matplotlib backend is. (A bare `Figure` left as a
+cell's last expression displays as text, `<Figure size ...>`, unless pyplot happens to be
+imported.) Elsewhere call `fig.savefig(path)`.
 
 Masks are drawn like meta-pytorch/attention-gym's: one cell per (query, key) pair, a cell grid and
 `Q0...`/`KV0...` ticks (or the tokens) when the matrix is small. Every figure has a title, axis
@@ -20,6 +21,7 @@ import math
 
 import torch
 
+from attention.checks import check_int
 from attention.masks import dense_mask
 from attention.positional import alibi_bias, alibi_slopes, rotary_angles, sinusoidal_table
 
@@ -59,29 +61,6 @@ def figure_html(fig, alt=None):
     alt = figure_alt(fig) if alt is None else alt
     return (f'<img class="attention-figure" src="data:image/png;base64,{base64.b64encode(png).decode()}" '
             f'width="{width}" height="{height}" alt="{html.escape(alt)}">')
-
-
-def show(fig, alt=None):
-    """Display a figure in a notebook as an image; do nothing outside IPython (a plain script).
-
-    The output is an HTML `<img>` (see `figure_html`), with a `text/plain` fallback that names the
-    figure, so it renders as an image in Jupyter, in nbconvert and in mkdocs-jupyter pages alike,
-    independent of the matplotlib backend. Returns None, so a `show(...)` that ends a cell prints
-    nothing else.
-
-    Args:
-        fig: a `matplotlib.figure.Figure`.
-        alt: alt text; defaults to the figure's titles (`figure_alt`).
-    """
-    try:
-        from IPython import get_ipython
-        from IPython.display import display
-    except ImportError:
-        return
-    if get_ipython() is None:
-        return
-    alt = figure_alt(fig) if alt is None else alt
-    display({"text/html": figure_html(fig, alt), "text/plain": f"[figure: {alt}]"}, raw=True)
 
 
 def plot_mask(mask, q_len=None, kv_len=None, title=None, batch_index=0, head_index=0):
@@ -347,8 +326,7 @@ def plot_table(table, title, feature_label, value_label, symmetric):
 def grid_shape(count, ncols, cell_shape=None):
     """`(nrows, ncols)` of a grid holding `count` panels, at most `ncols` per row, and with a
     `cell_shape` (Tq, Tk), no more per row than fit in `MAX_FIGURE_WIDTH` (wider would shrink the text)."""
-    if isinstance(ncols, bool) or not isinstance(ncols, int) or ncols <= 0:
-        raise ValueError(f"ncols must be a positive int, got ncols={ncols!r}")
+    check_int("ncols", ncols)
     ncols = min(ncols, count)
     while cell_shape is not None and ncols > 1 and figure_size(1, ncols, cell_shape)[0] > MAX_FIGURE_WIDTH:
         ncols -= 1

@@ -15,11 +15,11 @@ def reference_attention(query, key, value, state, num_heads, mask=None, attn_bia
     """Multi-head attention in float64.
 
     Args:
-        query: `(B, Tq, C_in)`.
-        key, value: `(B, Tk, C_in)`.
-        state: canonical weights: `{query,key,value}.weight` `(C_out, C_in)`, `out.weight`
-            `(C_out, C_out)`, and optionally the matching `.bias` entries.
-        num_heads: H; head_dim D = C_out / H.
+        query: `(B, Tq, d_in)`.
+        key, value: `(B, Tk, d_in)`.
+        state: canonical weights: `{query,key,value}.weight` `(d_out, d_in)`, `out.weight`
+            `(d_out, d_out)`, and optionally the matching `.bias` entries.
+        num_heads: H; head_dim D = d_out / H.
         mask: boolean, True = attend, broadcastable to `(B, H, Tq, Tk)`. A query with no key to
             attend to gets zero weights and a zero attention output.
         attn_bias: additive score bias broadcastable to `(B, H, Tq, Tk)` (ALiBi).
@@ -27,7 +27,7 @@ def reference_attention(query, key, value, state, num_heads, mask=None, attn_bia
             `position * rope_base ** (-2i / D)` (rotary embeddings, rotate-half layout).
 
     Returns:
-        `(out, weights)`: `(B, Tq, C_out)` and `(B, H, Tq, Tk)`, both float64.
+        `(out, weights)`: `(B, Tq, d_out)` and `(B, H, Tq, Tk)`, both float64.
     """
     f64 = {name: tensor.to(torch.float64) for name, tensor in state.items()}
     query, key, value = (t.to(torch.float64) for t in (query, key, value))
@@ -91,7 +91,7 @@ def reference_alibi_slopes(num_heads):
 
 
 def reference_causal_self_attention(x, state, num_heads, position_encoding=None):
-    """Causal self-attention of `x` `(B, T, C_in)` in float64, with optional ALiBi or RoPE.
+    """Causal self-attention of `x` `(B, T, d_in)` in float64, with optional ALiBi or RoPE.
 
     `position_encoding` is None, `"alibi"` (causal bias `-m_h * (i - j)` for keys j <= query i) or
     `"rope"` (rotary embeddings with base 10000 on queries and keys). Returns `(out, weights)`.

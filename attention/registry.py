@@ -25,8 +25,8 @@ class Registry(dict):
         raise KeyError(f"unknown implementation {name!r}; valid names: {', '.join(sorted(self))}")
 
 
-# Every class here is built as cls(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False)
-# and maps (B, T, d_in) to (B, T, d_out) with causal self-attention.
+# Every class here keeps the causal family's contract, attention.causal.CausalSelfAttention.
+# IMPLEMENTATIONS[name] of a name not here raises KeyError listing the valid names.
 IMPLEMENTATIONS = Registry({
     "stacked_heads": StackedHeadsAttention,
     "split_heads": SplitHeadsAttention,
@@ -43,7 +43,3 @@ IMPLEMENTATIONS = Registry({
     "alibi_flex": ALiBiFlexAttention,
 })
 
-
-def get_implementation(name):
-    """The class registered as `name`; `KeyError` listing the valid names if there is none."""
-    return IMPLEMENTATIONS[name]

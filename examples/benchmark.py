@@ -30,19 +30,7 @@ import os
 import time
 
 from attention.bench import quick_config, render, run_benchmark
-from attention.plotting import show
-
-
-def show_markdown(text):
-    """Rendered Markdown in a notebook, the plain text in a terminal."""
-    try:
-        get_ipython  # noqa: B018, F821 -- defined only when running under IPython
-        from IPython.display import Markdown, display
-    except (NameError, ImportError):
-        print(text)
-    else:
-        display(Markdown(text))
-
+from attention.display import show, show_markdown
 
 # %% [markdown]
 # ## The quick profile, run now

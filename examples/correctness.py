@@ -32,28 +32,12 @@
 import torch
 
 from attention import IMPLEMENTATIONS
+from attention.display import show_table
 from attention.reference import reference_causal_self_attention
 
 torch.manual_seed(0)
 B, T, C, H = 2, 16, 32, 4
 DTYPES = (torch.float32, torch.bfloat16)
-
-
-# Same as examples/numerics.py::show_table
-def show_table(title, header, rows):
-    """A Markdown table in a notebook, aligned text in a terminal."""
-    try:
-        get_ipython  # noqa: B018, F821 -- defined only when running under IPython
-        from IPython.display import Markdown, display
-    except (NameError, ImportError):
-        print(title)
-        widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
-        for row in (header, *rows):
-            print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)))
-    else:
-        lines = [f"**{title}**", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-        display(Markdown("\n".join(lines)))
 
 
 def reference_and_gradients(x, state, position_encoding, grad_out):
@@ -94,7 +78,6 @@ def canonical_gradients(module):
 
 def max_error(actual, expected):
     return (actual.double() - expected.double()).abs().max().item()
-
 
 # %% [markdown]
 # First, the detour through stacked projections changes nothing:

@@ -28,35 +28,12 @@
 # tensors; its scores are `(T, S, B, H)` and its softmax runs over dimension 1.
 
 # %%
-import inspect
-import textwrap
-
 import torch
 
 from attention.causal.einsum import EinsumAttention
 from attention.causal.seq_first import PrepareForMultiHeadAttention, SeqFirstAttention
+from attention.display import show_shape, show_source
 from attention.reference import reference_causal_self_attention
-
-torch.manual_seed(0)
-
-
-# Same as examples/stacked_heads.py::show_source
-def show_source(obj):
-    """Show `obj`'s source, read from the installed package: highlighted in a notebook, printed in a terminal."""
-    where = f"# {obj.__module__.replace('.', '/')}.py: {obj.__qualname__}\n"
-    source = where + textwrap.dedent(inspect.getsource(obj))
-    try:
-        get_ipython  # noqa: B018, F821 -- defined only when running under IPython
-        from IPython.display import Markdown, display
-    except (NameError, ImportError):
-        print(source)
-    else:
-        display(Markdown(f"```python\n{source}```"))
-
-
-def show(name, tensor, letters):
-    print(f"{name:<44} {str(tuple(tensor.shape)):<16} {letters}")
-
 
 # %% [markdown]
 # ## Shapes, step by step
@@ -64,26 +41,27 @@ def show(name, tensor, letters):
 # `B = 2`, `T = 4`, `d_in = 6`, `H = 2`, `D = 2`, `d_out = 4`; first batch-first:
 
 # %%
+torch.manual_seed(0)
 B, T, d_in, d_out, H = 2, 4, 6, 4, 2
 D = d_out // H
 x = torch.randn(B, T, d_in)
 module = EinsumAttention(d_in, d_out, context_length=8, dropout=0.0, num_heads=H).eval()
 
 with torch.no_grad():
-    show("x", x, "(B, T, C)")
+    show_shape("x", x, "(B, T, C)")
     weight = module.query.weight.view(H, D, d_in)
-    show("query.weight.view(H, D, d_in)", weight, "(H, D, C)")
+    show_shape("query.weight.view(H, D, d_in)", weight, "(H, D, C)")
     q = torch.einsum("btc,hdc->bhtd", x, weight)
     k, v = module.project_heads(x, module.key), module.project_heads(x, module.value)
-    show('q = einsum("btc,hdc->bhtd") (k, v alike)', q, "(B, H, T, D)")
+    show_shape('q = einsum("btc,hdc->bhtd") (k, v alike)', q, "(B, H, T, D)")
     scores = torch.einsum("bhtd,bhsd->bhts", q, k) / D**0.5
-    show('scores = einsum("bhtd,bhsd->bhts") / sqrt(D)', scores, "(B, H, T, S)")
+    show_shape('scores = einsum("bhtd,bhsd->bhts") / sqrt(D)', scores, "(B, H, T, S)")
     weights = torch.softmax(scores.masked_fill(~module.causal_mask[:T, :T], float("-inf")), dim=-1)
-    show("weights = softmax(masked scores, dim=-1)", weights, "(B, H, T, S)")
+    show_shape("weights = softmax(masked scores, dim=-1)", weights, "(B, H, T, S)")
     context = torch.einsum("bhts,bhsd->bthd", weights, v)
-    show('context = einsum("bhts,bhsd->bthd")', context, "(B, T, H, D)")
+    show_shape('context = einsum("bhts,bhsd->bthd")', context, "(B, T, H, D)")
     out = torch.einsum("bthd,ohd->bto", context, module.out.weight.view(d_out, H, D)) + module.out.bias
-    show('out = einsum("bthd,ohd->bto") + bias', out, "(B, T, d_out)")
+    show_shape('out = einsum("bthd,ohd->bto") + bias', out, "(B, T, d_out)")
     print("same as module(x):", torch.allclose(out, module(x), atol=1e-6))
 
 # %% [markdown]
@@ -93,19 +71,19 @@ with torch.no_grad():
 seq_first = SeqFirstAttention(d_in, d_out, context_length=8, dropout=0.0, num_heads=H).eval()
 with torch.no_grad():
     x_tb = x.transpose(0, 1)
-    show("x.transpose(0, 1)", x_tb, "(T, B, C)")
+    show_shape("x.transpose(0, 1)", x_tb, "(T, B, C)")
     q, k, v = seq_first.query(x_tb), seq_first.key(x_tb), seq_first.value(x_tb)
-    show("q = PrepareForMultiHeadAttention(x) (k, v)", q, "(T, B, H, D)")
+    show_shape("q = PrepareForMultiHeadAttention(x) (k, v)", q, "(T, B, H, D)")
     scores = torch.einsum("ibhd,jbhd->ijbh", q, k) * seq_first.scale
-    show('scores = einsum("ibhd,jbhd->ijbh") * scale', scores, "(T, S, B, H)")
+    show_shape('scores = einsum("ibhd,jbhd->ijbh") * scale', scores, "(T, S, B, H)")
     keep = seq_first.causal_mask[:T, :T, None, None]
-    show("causal_mask[:T, :T, None, None]", keep, "(T, S, 1, 1)")
+    show_shape("causal_mask[:T, :T, None, None]", keep, "(T, S, 1, 1)")
     weights = torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=1)
-    show("weights = softmax(masked scores, dim=1)", weights, "(T, S, B, H)")
+    show_shape("weights = softmax(masked scores, dim=1)", weights, "(T, S, B, H)")
     context = torch.einsum("ijbh,jbhd->ibhd", weights, v).reshape(T, B, d_out)
-    show('einsum("ijbh,jbhd->ibhd").reshape(T, B, d_out)', context, "(T, B, H*D)")
-    out = seq_first.output(context).transpose(0, 1)
-    show("output(context).transpose(0, 1)", out, "(B, T, d_out)")
+    show_shape('einsum("ijbh,jbhd->ibhd").reshape(T, B, d_out)', context, "(T, B, H*D)")
+    out = seq_first.out(context).transpose(0, 1)
+    show_shape("out(context).transpose(0, 1)", out, "(B, T, d_out)")
     print("same as seq_first(x):", torch.allclose(out, seq_first(x), atol=1e-6))
 
 # %% [markdown]

@@ -21,8 +21,6 @@
 # `FlexDenseBackward`).
 
 # %%
-import inspect
-import textwrap
 import time
 import warnings
 
@@ -30,29 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+from attention.causal.alibi_flex import ALiBiFlexAttention
 from attention.causal.flex import FlexCausalAttention, FlexDenseBackward, causal
+from attention.display import show_shape, show_source
 from attention.reference import reference_causal_self_attention
-
-torch.manual_seed(0)
-
-
-# Same as examples/stacked_heads.py::show_source
-def show_source(obj):
-    """Show `obj`'s source, read from the installed package: highlighted in a notebook, printed in a terminal."""
-    where = f"# {obj.__module__.replace('.', '/')}.py: {obj.__qualname__}\n"
-    source = where + textwrap.dedent(inspect.getsource(obj))
-    try:
-        get_ipython  # noqa: B018, F821 -- defined only when running under IPython
-        from IPython.display import Markdown, display
-    except (NameError, ImportError):
-        print(source)
-    else:
-        display(Markdown(f"```python\n{source}```"))
-
-
-def show(name, tensor, letters):
-    print(f"{name:<44} {str(tuple(tensor.shape)):<16} {letters}")
-
 
 # %% [markdown]
 # ## The block mask
@@ -73,25 +52,26 @@ print(block_mask)
 # throughout: `B = 2`, `T = 16`, `d_in = d_out = 32`, `H = 4`, `D = 8`.
 
 # %%
+torch.manual_seed(0)
 B, T, d_model, H = 2, 16, 32, 4
 D = d_model // H
 x = torch.randn(B, T, d_model)
 module = FlexCausalAttention(d_model, d_model, context_length=T, dropout=0.0, num_heads=H).eval()
 with torch.no_grad():
-    show("x", x, "(B, T, d_in)")
+    show_shape("x", x, "(B, T, d_in)")
     q = module.query(x).view(B, T, H, D).transpose(1, 2)
     k = module.key(x).view(B, T, H, D).transpose(1, 2)
     v = module.value(x).view(B, T, H, D).transpose(1, 2)
-    show("q = query(x).view(B, T, H, D).transpose(1, 2)", q, "(B, H, T, D)")
+    show_shape("q = query(x).view(B, T, H, D).transpose(1, 2)", q, "(B, H, T, D)")
     block_mask = module.block_mask(T, x.device)
-    print(f"{'module.block_mask(T, device)':<44} {block_mask.shape}")
+    show_shape("module.block_mask(T, device)", block_mask, "(1, 1, T, T): shared by every sequence and head")
     start = time.perf_counter()
     out = module(x)
     print(f"first call (compiles): {time.perf_counter() - start:.1f} s")
     start = time.perf_counter()
     out = module(x)
     print(f"second call: {1000 * (time.perf_counter() - start):.1f} ms")
-    show("module(x)", out, "(B, T, d_out)")
+    show_shape("module(x)", out, "(B, T, d_out)")
 
 # %% [markdown]
 # ## The code
@@ -106,6 +86,16 @@ show_source(FlexCausalAttention.forward)
 
 # %%
 show_source(FlexDenseBackward)
+
+# %% [markdown]
+# The dense backward needs the score modification as a tensor too: `score_bias` gives the causal
+# mask (and, in a subclass, the position bias) as one additive `(H or 1, T, T)` tensor. The ALiBi
+# variant, `alibi_flex`, is this class with another score and nothing else: it overrides
+# `score_mod` and `score_bias` ([position encodings](../positional/)).
+
+# %%
+show_source(FlexCausalAttention.score_bias)
+show_source(ALiBiFlexAttention)
 
 # %% [markdown]
 # ## Checked against the float64 reference
@@ -166,7 +156,10 @@ for warning in caught:
 # `flex_attention` function, so a process that runs several of them over several dtypes and
 # lengths (a benchmark sweep, the [numerics page](../numerics/)) can pass the limit. PyTorch then
 # logs one warning and runs FlexAttention *uncompiled* from there on: still correct, but dense
-# and slow. Raise the limit in such a process, or check `TORCH_LOGS=recompiles`.
+# and slow. The class already raises the limit for its own calls, to `RECOMPILE_LIMIT = 256`
+# (`recompile_room()` in `attention/causal/flex.py`, the one place the package sets it); code
+# that compiles `flex_attention` itself should run inside `recompile_room()` too, and
+# `TORCH_LOGS=recompiles` shows every recompilation.
 #
 # **Short sequences on CPU.** PyTorch 2.13's compiled CPU FlexAttention kernel gave wrong output
 # rows for some sequences shorter than 64 tokens (seen at T = 8, 24, 40 and 56 on an AVX2 CPU):
@@ -177,11 +170,11 @@ for warning in caught:
 # machine and the run, so only the class is asserted.
 
 # %%
-from attention.causal.flex import MIN_CPU_SEQ_LEN
+from attention.causal.flex import MIN_CPU_SEQ_LEN, recompile_room
 
 q, k, v = (torch.randn(2, 2, 8, 8) for _ in range(3))  # (B, H, T, D) with T = 8
 short_mask = create_block_mask(causal, B=None, H=None, Q_LEN=8, KV_LEN=8, device="cpu")
-with torch.no_grad(), torch._dynamo.config.patch(cache_size_limit=64):
+with torch.no_grad(), recompile_room():
     raw = torch.compile(flex_attention, dynamic=False)(q, k, v, block_mask=short_mask)
 raw_error = (raw - F.scaled_dot_product_attention(q, k, v, is_causal=True)).abs().max().item()
 print(f"raw compiled kernel at T=8: max |flex - sdpa| = {raw_error:.1e}")

@@ -20,36 +20,13 @@
 # `(B, H, Tq, Tk)` weights are computed explicitly so they can be returned.
 
 # %%
-import inspect
-import textwrap
-
 import torch
 
 from attention import MultiHeadAttention, masks
+from attention.display import show, show_shape, show_source
 from attention.general import apply_rotary, rotary_cos_sin
-from attention.plotting import plot_attention_weights, show
+from attention.plotting import plot_attention_weights
 from attention.reference import reference_attention
-
-torch.manual_seed(0)
-
-
-# Same as examples/stacked_heads.py::show_source
-def show_source(obj):
-    """Show `obj`'s source, read from the installed package: highlighted in a notebook, printed in a terminal."""
-    where = f"# {obj.__module__.replace('.', '/')}.py: {obj.__qualname__}\n"
-    source = where + textwrap.dedent(inspect.getsource(obj))
-    try:
-        get_ipython  # noqa: B018, F821 -- defined only when running under IPython
-        from IPython.display import Markdown, display
-    except (NameError, ImportError):
-        print(source)
-    else:
-        display(Markdown(f"```python\n{source}```"))
-
-
-def show_shape(name, tensor, letters):
-    print(f"{name:<44} {str(tuple(tensor.shape)):<16} {letters}")
-
 
 # %% [markdown]
 # ## Shapes, step by step
@@ -58,6 +35,7 @@ def show_shape(name, tensor, letters):
 # `H = 2` heads of `D = 4`, with the weights returned.
 
 # %%
+torch.manual_seed(0)
 B, Tq, Tk, d_model, H = 2, 3, 5, 8, 2
 D = d_model // H
 queries, memory = torch.randn(B, Tq, d_model), torch.randn(B, Tk, d_model)

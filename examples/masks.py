@@ -15,10 +15,11 @@
 # %%
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.flex_attention import flex_attention
 
 from attention import masks
-from attention.plotting import plot_mask, plot_masks, show
+from attention.causal.flex import compiled_flex_attention
+from attention.display import show
+from attention.plotting import plot_mask, plot_masks
 
 # %% [markdown]
 # ## Causal and windows
@@ -128,15 +129,13 @@ print(f"{'key_padding([48, 64]), batch 2':<32} {masks.density(masks.key_padding(
 # and often agree to the last bit; the assertion allows 1e-5.
 
 # %%
-compiled_flex = torch.compile(flex_attention, dynamic=False)
 torch.manual_seed(0)
 B, H, D = 1, 2, 16
 q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
-with torch._dynamo.config.patch(cache_size_limit=64):
-    for name, mask_mod in patterns.items():
-        dense = masks.dense_mask(mask_mod, T, T)  # (T, T)
-        sdpa_out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
-        flex_out = compiled_flex(q, k, v, block_mask=masks.block_mask(mask_mod, T, T, device="cpu"))
-        error = (flex_out - sdpa_out).abs().max().item()
-        print(f"{name:<32} max |flex - sdpa| = {error:.1e}")
-        assert error < 1e-5, name
+for name, mask_mod in patterns.items():
+    dense = masks.dense_mask(mask_mod, T, T)  # (T, T)
+    sdpa_out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
+    flex_out = compiled_flex_attention(q, k, v, block_mask=masks.block_mask(mask_mod, T, T, device="cpu"))
+    error = (flex_out - sdpa_out).abs().max().item()
+    print(f"{name:<32} max |flex - sdpa| = {error:.1e}")
+    assert error < 1e-5, name

@@ -20,36 +20,13 @@ import torch
 from matplotlib.figure import Figure
 
 from attention import IMPLEMENTATIONS
-from attention.plotting import show
+from attention.display import show, show_table
 from attention.reference import reference_causal_self_attention
-
-# Both FlexAttention classes share one compiled `flex_attention`, recompiled per dtype, per
-# score_mod and for the first few lengths: more than dynamo's default limit of 8 in this one
-# process. Past the limit, PyTorch silently runs FlexAttention uncompiled (dense), which would
-# make this page measure the wrong kernel.
-torch._dynamo.config.recompile_limit = 64
 
 torch.manual_seed(0)
 C, H = 64, 4
 LENGTHS = (64, 128, 256, 512, 1024)
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def show_table(title, header, rows):
-    """A Markdown table in a notebook, aligned text in a terminal."""
-    try:
-        get_ipython  # noqa: B018, F821 -- defined only when running under IPython
-        from IPython.display import Markdown, display
-    except (NameError, ImportError):
-        print(title)
-        widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
-        for row in (header, *rows):
-            print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)))
-    else:
-        lines = [f"**{title}**", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-        display(Markdown("\n".join(lines)))
-
 
 # %%
 state = IMPLEMENTATIONS["split_heads"](C, C, max(LENGTHS), 0.0, H).canonical_state_dict()

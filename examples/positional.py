@@ -17,7 +17,8 @@ import math
 import torch
 
 from attention import IMPLEMENTATIONS
-from attention.plotting import plot_alibi, plot_attention_weights, plot_learned, plot_rope_angles, plot_sinusoidal, show
+from attention.display import show
+from attention.plotting import plot_alibi, plot_attention_weights, plot_learned, plot_rope_angles, plot_sinusoidal
 from attention.positional import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,

@@ -24,37 +24,14 @@
 # attend, merge heads, project.
 
 # %%
-import inspect
-import textwrap
-
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attention.causal.sdpa_causal import SDPACausalAttention
 from attention.causal.sdpa_mask import SDPAMaskAttention
+from attention.display import show_shape, show_source
 from attention.reference import reference_causal_self_attention
-
-torch.manual_seed(0)
-
-
-# Same as examples/stacked_heads.py::show_source
-def show_source(obj):
-    """Show `obj`'s source, read from the installed package: highlighted in a notebook, printed in a terminal."""
-    where = f"# {obj.__module__.replace('.', '/')}.py: {obj.__qualname__}\n"
-    source = where + textwrap.dedent(inspect.getsource(obj))
-    try:
-        get_ipython  # noqa: B018, F821 -- defined only when running under IPython
-        from IPython.display import Markdown, display
-    except (NameError, ImportError):
-        print(source)
-    else:
-        display(Markdown(f"```python\n{source}```"))
-
-
-def show(name, tensor, letters):
-    print(f"{name:<48} {str(tuple(tensor.shape)):<16} {letters}")
-
 
 # %% [markdown]
 # ## Shapes, step by step
@@ -63,21 +40,22 @@ def show(name, tensor, letters):
 # `F.scaled_dot_product_attention`.
 
 # %%
+torch.manual_seed(0)
 B, T, d_in, d_out, H = 2, 4, 6, 4, 2
 D = d_out // H
 x = torch.randn(B, T, d_in)
 module = SDPACausalAttention(d_in, d_out, context_length=8, dropout=0.0, num_heads=H).eval()
 with torch.no_grad():
-    show("x", x, "(B, T, d_in)")
+    show_shape("x", x, "(B, T, d_in)")
     q = module.query(x).view(B, T, H, D).transpose(1, 2)
     k = module.key(x).view(B, T, H, D).transpose(1, 2)
     v = module.value(x).view(B, T, H, D).transpose(1, 2)
-    show("q = query(x).view(B, T, H, D).transpose(1, 2)", q, "(B, H, T, D)")
+    show_shape("q = query(x).view(B, T, H, D).transpose(1, 2)", q, "(B, H, T, D)")
     context = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    show("context = SDPA(q, k, v, is_causal=True)", context, "(B, H, T, D)")
+    show_shape("context = SDPA(q, k, v, is_causal=True)", context, "(B, H, T, D)")
     merged = context.transpose(1, 2).reshape(B, T, d_out)
-    show("context.transpose(1, 2).reshape(B, T, d_out)", merged, "(B, T, H*D)")
-    show("out = module.out(merged)", module.out(merged), "(B, T, d_out)")
+    show_shape("context.transpose(1, 2).reshape(B, T, d_out)", merged, "(B, T, H*D)")
+    show_shape("out = module.out(merged)", module.out(merged), "(B, T, d_out)")
     print("same as module(x):", torch.allclose(module.out(merged), module(x), atol=1e-6))
 
 # %% [markdown]
@@ -174,7 +152,7 @@ print("... and differs from the right answer by", f"{(top_left - attend_all).abs
 
 # %% [markdown]
 # **Dropout is not switched off by `eval()`.** `F.scaled_dot_product_attention(dropout_p=0.1)`
-# drops weights whenever it is called; the modules pass `dropout_p=self.dropout if self.training
+# drops weights whenever it is called; the modules pass `dropout_p=self.dropout_p if self.training
 # else 0.0`.
 #
 # **An fp32 run is not "FlashAttention".** On CUDA, PyTorch's FlashAttention kernel takes only

@@ -21,36 +21,14 @@
 # ("Attention Is All You Need", section 3.2.2, https://arxiv.org/abs/1706.03762.)
 
 # %%
-import inspect
-import textwrap
 import math
 
 import torch
 
 from attention.causal.fused_qkv import FusedQKVAttention
-from attention.causal.split_heads import SplitHeadsAttention
+from attention.causal.split_heads import SplitHeadsAttention, init_projections, project_heads
+from attention.display import show_shape, show_source
 from attention.reference import reference_causal_self_attention
-
-torch.manual_seed(0)
-
-
-# Same as examples/stacked_heads.py::show_source
-def show_source(obj):
-    """Show `obj`'s source, read from the installed package: highlighted in a notebook, printed in a terminal."""
-    where = f"# {obj.__module__.replace('.', '/')}.py: {obj.__qualname__}\n"
-    source = where + textwrap.dedent(inspect.getsource(obj))
-    try:
-        get_ipython  # noqa: B018, F821 -- defined only when running under IPython
-        from IPython.display import Markdown, display
-    except (NameError, ImportError):
-        print(source)
-    else:
-        display(Markdown(f"```python\n{source}```"))
-
-
-def show(name, tensor, letters):
-    print(f"{name:<40} {str(tuple(tensor.shape)):<16} {letters}")
-
 
 # %% [markdown]
 # ## Shapes, step by step
@@ -59,27 +37,28 @@ def show(name, tensor, letters):
 # features (`d_out = 4`). First the split-heads module:
 
 # %%
+torch.manual_seed(0)
 B, T, d_in, d_out, H = 2, 4, 6, 4, 2
 D = d_out // H
 x = torch.randn(B, T, d_in)
 split = SplitHeadsAttention(d_in, d_out, context_length=8, dropout=0.0, num_heads=H).eval()
 
-show("x", x, "(B, T, d_in)")
-show("split.query(x)", split.query(x), "(B, T, d_out)")
-show(".view(B, T, H, D)", split.query(x).view(B, T, H, D), "(B, T, H, D)")
+show_shape("x", x, "(B, T, d_in)")
+show_shape("split.query(x)", split.query(x), "(B, T, d_out)")
+show_shape(".view(B, T, H, D)", split.query(x).view(B, T, H, D), "(B, T, H, D)")
 q = split.query(x).view(B, T, H, D).transpose(1, 2)
 k = split.key(x).view(B, T, H, D).transpose(1, 2)
 v = split.value(x).view(B, T, H, D).transpose(1, 2)
-show(".transpose(1, 2) = q (k, v alike)", q, "(B, H, T, D)")
+show_shape(".transpose(1, 2) = q (k, v alike)", q, "(B, H, T, D)")
 scores = q @ k.transpose(-2, -1) / math.sqrt(D)
-show("scores = q @ k^T / sqrt(D)", scores, "(B, H, T, T)")
+show_shape("scores = q @ k^T / sqrt(D)", scores, "(B, H, T, T)")
 weights = torch.softmax(scores.masked_fill(~split.causal_mask[:T, :T], float("-inf")), dim=-1)
-show("weights = softmax(masked scores, -1)", weights, "(B, H, T, T)")
+show_shape("weights = softmax(masked scores, -1)", weights, "(B, H, T, T)")
 context = weights @ v
-show("context = weights @ v", context, "(B, H, T, D)")
+show_shape("context = weights @ v", context, "(B, H, T, D)")
 merged = context.transpose(1, 2).reshape(B, T, d_out)
-show(".transpose(1, 2).reshape(B, T, d_out)", merged, "(B, T, H*D)")
-show("out = split.out(merged)", split.out(merged), "(B, T, d_out)")
+show_shape(".transpose(1, 2).reshape(B, T, d_out)", merged, "(B, T, H*D)")
+show_shape("out = split.out(merged)", split.out(merged), "(B, T, d_out)")
 with torch.no_grad():
     print("same as split(x):", torch.allclose(split.out(merged), split(x)))
 
@@ -90,21 +69,26 @@ with torch.no_grad():
 
 # %%
 fused = FusedQKVAttention(d_in, d_out, context_length=8, dropout=0.0, num_heads=H).eval()
-show("fused.qkv(x)", fused.qkv(x), "(B, T, 3*d_out)")
+show_shape("fused.qkv(x)", fused.qkv(x), "(B, T, 3*d_out)")
 qkv = fused.qkv(x).view(B, T, 3, H, D)
-show(".view(B, T, 3, H, D)", qkv, "(B, T, 3, H, D)")
+show_shape(".view(B, T, 3, H, D)", qkv, "(B, T, 3, H, D)")
 q, k, v = qkv.permute(2, 0, 3, 1, 4)
-show(".permute(2, 0, 3, 1, 4) -> q, k, v", q, "3 x (B, H, T, D)")
+show_shape(".permute(2, 0, 3, 1, 4) -> q, k, v", q, "3 x (B, H, T, D)")
 print("fused.qkv.weight:", tuple(fused.qkv.weight.shape), "= query, key and value weights stacked: (3*d_out, d_in)")
 
 # %% [markdown]
 # ## The code
 #
-# Both classes, from the installed package:
+# Both classes, from the installed package. The projections and the head split are two small
+# functions below the class; the other implementation files repeat them as marked copies
+# (`# Same as attention/causal/split_heads.py::project_heads`, kept identical by a test), so each
+# file stays a single file that imports only torch.
 
 # %%
 show_source(SplitHeadsAttention.__init__)
 show_source(SplitHeadsAttention.forward)
+show_source(init_projections)
+show_source(project_heads)
 
 # %%
 show_source(FusedQKVAttention.__init__)

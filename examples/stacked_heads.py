@@ -20,30 +20,14 @@
 # [notation page](../../notation/).
 
 # %%
-import inspect
-import textwrap
-
 import torch
 
 from attention import IMPLEMENTATIONS
 from attention.causal.stacked_heads import CausalHead, StackedHeadsAttention
+from attention.display import show_shape, show_source
 from attention.reference import reference_causal_self_attention
 
 torch.manual_seed(0)
-
-
-def show_source(obj):
-    """Show `obj`'s source, read from the installed package: highlighted in a notebook, printed in a terminal."""
-    where = f"# {obj.__module__.replace('.', '/')}.py: {obj.__qualname__}\n"
-    source = where + textwrap.dedent(inspect.getsource(obj))
-    try:
-        get_ipython  # noqa: B018, F821 -- defined only when running under IPython
-        from IPython.display import Markdown, display
-    except (NameError, ImportError):
-        print(source)
-    else:
-        display(Markdown(f"```python\n{source}```"))
-
 
 print(IMPLEMENTATIONS["stacked_heads"] is StackedHeadsAttention)
 
@@ -59,12 +43,7 @@ B, T, d_in, d_out, H = 2, 4, 6, 4, 2
 x = torch.randn(B, T, d_in)
 module = StackedHeadsAttention(d_in, d_out, context_length=8, dropout=0.0, num_heads=H).eval()
 
-
-def show(name, tensor, letters):
-    print(f"{name:<34} {str(tuple(tensor.shape)):<14} {letters}")
-
-
-show("x", x, "(B, T, d_in)")
+show_shape("x", x, "(B, T, d_in)")
 head_outputs = []
 for h, head in enumerate(module.heads):
     q, k, v = head.query(x), head.key(x), head.value(x)
@@ -73,14 +52,14 @@ for h, head in enumerate(module.heads):
     weights = torch.softmax(scores, dim=-1)
     head_outputs.append(weights @ v)
     if h == 0:
-        show("q = head.query(x) (k, v alike)", q, "(B, T, D)")
-        show("scores = q @ k^T / sqrt(D)", scores, "(B, T, T)")
-        show("weights = softmax(scores, -1)", weights, "(B, T, T)")
-        show("head output = weights @ v", head_outputs[-1], "(B, T, D)")
+        show_shape("q = head.query(x) (k, v alike)", q, "(B, T, D)")
+        show_shape("scores = q @ k^T / sqrt(D)", scores, "(B, T, T)")
+        show_shape("weights = softmax(scores, -1)", weights, "(B, T, T)")
+        show_shape("head output = weights @ v", head_outputs[-1], "(B, T, D)")
 context = torch.cat(head_outputs, dim=-1)
-show(f"concatenate the {H} heads", context, "(B, T, H*D)")
+show_shape(f"concatenate the {H} heads", context, "(B, T, H*D)")
 out = module.out(context)
-show("out = module.out(context)", out, "(B, T, d_out)")
+show_shape("out = module.out(context)", out, "(B, T, d_out)")
 
 with torch.no_grad():
     print("same as module(x):", torch.allclose(out, module(x)))

@@ -17,35 +17,12 @@
 # the benchmark.
 
 # %%
-import inspect
-import textwrap
-
 import torch
 from torch import nn
 
 from attention.causal.torch_mha import TorchMultiheadAttention, TorchMultiheadAttentionWithWeights
+from attention.display import show_shape, show_source
 from attention.reference import reference_causal_self_attention
-
-torch.manual_seed(0)
-
-
-# Same as examples/stacked_heads.py::show_source
-def show_source(obj):
-    """Show `obj`'s source, read from the installed package: highlighted in a notebook, printed in a terminal."""
-    where = f"# {obj.__module__.replace('.', '/')}.py: {obj.__qualname__}\n"
-    source = where + textwrap.dedent(inspect.getsource(obj))
-    try:
-        get_ipython  # noqa: B018, F821 -- defined only when running under IPython
-        from IPython.display import Markdown, display
-    except (NameError, ImportError):
-        print(source)
-    else:
-        display(Markdown(f"```python\n{source}```"))
-
-
-def show(name, tensor, letters):
-    print(f"{name:<44} {str(tuple(tensor.shape)):<16} {letters}")
-
 
 # %% [markdown]
 # ## Shapes, step by step
@@ -54,22 +31,23 @@ def show(name, tensor, letters):
 # here `d_in = d_out = 4`, with `H = 2` heads of `D = 2`.
 
 # %%
+torch.manual_seed(0)
 B, T, d_model, H = 2, 4, 4, 2
 x = torch.randn(B, T, d_model)
 module = TorchMultiheadAttention(d_model, d_model, context_length=8, dropout=0.0, num_heads=H).eval()
 mha = module.mha
-show("x", x, "(B, T, d_model)")
-show("mha.in_proj_weight", mha.in_proj_weight, "(3*d_model, d_model)")
-show("mha.out_proj.weight", mha.out_proj.weight, "(d_model, d_model)")
+show_shape("x", x, "(B, T, d_model)")
+show_shape("mha.in_proj_weight", mha.in_proj_weight, "(3*d_model, d_model)")
+show_shape("mha.out_proj.weight", mha.out_proj.weight, "(d_model, d_model)")
 masked = ~module.causal_mask[:T, :T]
-show("attn_mask = ~causal_mask (True = masked)", masked, "(T, T)")
+show_shape("attn_mask = ~causal_mask (True = masked)", masked, "(T, T)")
 print(masked.int())
 with torch.no_grad():
     out, weights = mha(x, x, x, attn_mask=masked, need_weights=True)
-    show("out", out, "(B, T, d_model)")
-    show("weights (need_weights=True, head average)", weights, "(B, T, T)")
+    show_shape("out", out, "(B, T, d_model)")
+    show_shape("weights (need_weights=True, head average)", weights, "(B, T, T)")
     _, per_head = mha(x, x, x, attn_mask=masked, need_weights=True, average_attn_weights=False)
-    show("weights (average_attn_weights=False)", per_head, "(B, H, T, T)")
+    show_shape("weights (average_attn_weights=False)", per_head, "(B, H, T, T)")
     print("same as module(x):", torch.allclose(out, module(x), atol=1e-6))
 
 # %% [markdown]

@@ -61,8 +61,4 @@ def reference_with_grads(x, state, num_heads, position_encoding, grad_out):
     return out.detach(), x64.grad, {k: v.grad for k, v in state64.items()}
 
 
-def cuda_available():
-    return torch.cuda.is_available()
-
-
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA)")

@@ -6,10 +6,14 @@ the "eager" backend, which exercises the same plumbing without code generation.
 """
 
 import datetime
+import importlib.util
 import json
 import math
+import re
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,11 +21,13 @@ import torch
 from attention.bench import metrics, render
 from attention.bench.__main__ import build_parser, config_from_args, main
 from attention.bench.harness import BenchConfig, quick_config, rank_rows, run_benchmark
-from attention.bench.provenance import SCHEMA_VERSION, source_files, source_hash
+from attention.bench.provenance import source_files, source_hash
+from attention.bench.schema import ROW_FIELDS, SCHEMA_VERSION
 from attention.causal.sdpa_causal import SDPACausalAttention
 from attention.causal.split_heads import SplitHeadsAttention
 from attention.causal.torch_mha import TorchMultiheadAttention
 
+ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(device="cpu", batch=2, seq_len=16, sweep_batch=1, seq_lens=(8, 16), d_model=32, num_heads=2,
             min_run_time=0.01, min_repeats=2, warmup_time=0.0, matmul_size=64)
 TINY_CLI = ["--device", "cpu", "--batch", "1", "--seq-len", "16", "--seq-lens", "none", "--d-model", "32",
@@ -76,12 +82,12 @@ def test_every_row_is_complete(result):
     shapes = [(2, 16), (1, 8), (1, 16)]
     assert len(result["rows"]) == len(shapes) * 3 * 2  # shapes x implementations x modes
     for row in result["rows"]:
+        assert list(row) == list(ROW_FIELDS)  # exactly the fields of schema.Row, in its order
         assert row["status"] == "ok", row
         assert row["ms_q1"] <= row["ms_median"] <= row["ms_q3"]
         assert row["repeats"] >= 2 and row["first_call_s"] > 0
         assert row["tflops"] > 0 and row["share_of_matmul_peak"] > 0
         assert row["peak_memory_bytes"] > 0
-        assert row["peak_rss_growth_bytes"] is None or row["peak_rss_growth_bytes"] >= 0
         assert row["cpu_utilization"] > 0  # CPU rows say how much of the cores the run got
         expected = metrics.attention_flops(row["batch"], row["seq_len"], 32, 32, 2, row["mode"])
         assert row["flops_total"] == expected["total"]
@@ -213,12 +219,6 @@ def test_cpu_tensor_peak_memory_is_exact():
     assert peak == 4 * 16 * 2**20  # out, nxt, extra and the new out are alive together
 
 
-@pytest.mark.skipif(not metrics.cpu_peak_memory_supported(), reason="needs Linux /proc/self/clear_refs")
-def test_cpu_rss_growth_sees_the_allocations():
-    growth = metrics.rss_growth(allocate_in_steps)
-    assert 3 * 16 * 2**20 <= growth <= 16 * 16 * 2**20  # at least the live peak; fragmentation may add
-
-
 def test_flop_convention_for_gpt2_small():
     forward = metrics.attention_flops(8, 1024, 768, 768, 12, "forward")
     assert forward["projections"] == 2 * 8 * 1024 * 768 * 768 * 4
@@ -275,6 +275,8 @@ def test_renderer_tables_and_charts(result, tmp_path):
     summary = render.provenance_summary(result)
     assert "torch " + torch.__version__ in summary and result["provenance"]["command"] in summary
     assert "MiB" in render.sweep_table(result, "forward", "peak_memory_bytes")
+    with pytest.raises(ValueError, match="metric"):
+        render.sweep_table(result, "forward", "median")
 
     path = tmp_path / "cpu-tiny.json"
     path.write_text(json.dumps(result))
@@ -296,7 +298,7 @@ def test_renderer_tables_and_charts(result, tmp_path):
     assert len(share.axes) == len(result["config"]["modes"])
     for ax in share.axes:  # one bar per correct row of the headline shape, each as long as its share
         mode = {"forward": "forward", "forward + backward": "forward_backward"}[ax.get_title().split(",")[0]]
-        rows = [r for r in render.headline_rows(result, mode) if r["correct"] is True]
+        rows = [r for r in render.shape_rows(result, mode) if r["correct"] is True]
         widths = sorted(patch.get_width() for patch in ax.patches)
         assert widths == pytest.approx(sorted(100 * r["share_of_matmul_peak"] for r in rows))
     plt.close(share)
@@ -313,6 +315,7 @@ def test_presentation_modules_do_not_make_a_run_stale(tmp_path):
     assert "attention/bench/render.py" not in source_files(package)
     (package / "bench" / "render.py").write_text("# a new chart\n")
     (package / "plotting.py").write_text("# a new figure\n")
+    (package / "display.py").write_text("# a new way to show it\n")
     assert source_hash(package) == before
     (package / "bench" / "metrics.py").write_text("# changes what is measured\n")
     assert source_hash(package) != before
@@ -336,3 +339,29 @@ def test_recorded_results_are_readable():
         assert recorded["complete"] is True
         assert path.name.startswith(recorded["device_type"] + "-")
         assert render.markdown_tables(recorded)
+
+
+def test_version_1_files_still_render(result, tmp_path):
+    """Files written before schema version 2 hold `conventions` and rows with `peak_rss_growth_bytes`."""
+    old = json.loads(json.dumps(result))
+    old["schema_version"], old["conventions"] = 1, {"flops": "...", "memory": "...", "rss_memory": "..."}
+    for row in old["rows"]:
+        row["peak_rss_growth_bytes"] = 123
+    path = tmp_path / "cpu-old.json"
+    path.write_text(json.dumps(old))
+    loaded = render.load_result(path)
+    assert loaded["rows"] == result["rows"]  # read as rows of the current schema
+    assert render.markdown_tables(loaded, include_sweep=True) == render.markdown_tables(result, include_sweep=True)
+
+
+def test_schema_page_lists_exactly_the_row_fields():
+    """The docs build writes the row table of docs/benchmark-schema.md from `schema.Row`."""
+    pytest.importorskip("mkdocs")
+    spec = importlib.util.spec_from_file_location("benchmarks_hook", ROOT / "docs" / "_hooks" / "benchmarks.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    page = SimpleNamespace(file=SimpleNamespace(src_uri="benchmark-schema.md"))
+    markdown = hook.on_page_markdown((ROOT / "docs" / "benchmark-schema.md").read_text(), page, None, None)
+    rows_section = markdown.split("## `rows[]`", 1)[1].split("\n## ", 1)[0]
+    assert re.findall(r"^\| `(\w+)` \|", rows_section, flags=re.MULTILINE) == list(ROW_FIELDS)
+    assert all(description for description in ROW_FIELDS.values())

@@ -90,30 +90,14 @@ def test_every_page_with_code_is_tested():
     assert {"index.md", "getting-started.md"} <= tested, tested
 
 
-COPY_MARKER = re.compile(r"^# Same as (?P<path>examples/[\w.]+\.py)::(?P<name>\w+)\s*$", re.MULTILINE)
-
-
-def top_level_sources(text):
+def test_examples_define_no_display_helpers():
+    """Display plumbing lives in attention/display.py only; examples import it instead of copying it."""
     import ast
 
-    lines = text.splitlines()
-    return {node.name: "\n".join(lines[node.lineno - 1:node.end_lineno])
-            for node in ast.parse(text).body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
-
-
-def test_marked_helper_copies_in_examples_are_identical():
-    """Each example is one self-contained file, so small helpers repeat, marked as in attention/."""
-    checked = 0
-    for script in EXAMPLES:
-        text = script.read_text(encoding="utf-8")
-        for match in COPY_MARKER.finditer(text):
-            following = text[match.end() + 1:]
-            copy = top_level_sources(following[: following.find("\n\n\n")] if "\n\n\n" in following else following)
-            original = top_level_sources((ROOT / match["path"]).read_text(encoding="utf-8"))
-            assert match["name"] in original, f"{script.name}: {match['path']} has no {match['name']}"
-            assert copy.get(match["name"]) == original[match["name"]], f"{script.name}::{match['name']} drifted"
-            checked += 1
-    assert checked >= 7, checked
+    defined = [f"{script.name}:{node.lineno} {node.name}" for script in EXAMPLES
+               for node in ast.parse(script.read_text(encoding="utf-8")).body
+               if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("show")]
+    assert not defined, "import these from attention.display instead:\n" + "\n".join(defined)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -176,11 +176,24 @@ def test_unknown_name_lists_valid_names():
     assert "'flash9'" in message
     for name in IMPLEMENTATION_NAMES:
         assert name in message
-    with pytest.raises(KeyError, match="valid names"):
-        attention.get_implementation("nope")
 
 
 def test_registry_holds_the_required_family():
     required = {"stacked_heads", "split_heads", "fused_qkv", "einsum", "sdpa_causal", "sdpa_mask",
                 "torch_mha", "torch_mha_weights", "flex", "seq_first"}
     assert required <= set(attention.IMPLEMENTATIONS)
+
+
+@pytest.mark.parametrize("name", IMPLEMENTATION_NAMES)
+def test_every_class_keeps_the_family_contract(name):
+    """attention.causal.CausalSelfAttention, the contract written once, holds for every registered class."""
+    import inspect
+
+    from attention.causal import CausalSelfAttention
+
+    cls = attention.IMPLEMENTATIONS[name]
+    parameters = list(inspect.signature(cls.__init__).parameters)[1:]
+    assert parameters == ["d_in", "d_out", "context_length", "dropout", "num_heads", "qkv_bias"], parameters
+    assert inspect.signature(cls.__init__).parameters["qkv_bias"].default is False
+    assert cls.position_encoding in (None, "rope", "alibi")
+    assert isinstance(cls(8, 8, 8, 0.0, 2), CausalSelfAttention)

@@ -3,8 +3,9 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from torch.nn.attention.flex_attention import BlockMask
 
+from attention.causal.flex import compiled_flex_attention
 from attention.general import MultiHeadAttention
 from attention.masks import (
     and_masks,
@@ -23,18 +24,6 @@ from attention.masks import (
     sparse_transformer_strided,
     strided,
 )
-
-# dynamic=False: every pattern below compiles its own kernel anyway, and with automatic dynamic
-# shapes (after a length changes) inductor's CPU FlexAttention template fails to compile a
-# mask_mod that indexes a captured tensor by `b` (CppCompileError: 'cur_qSplitSize8' not declared).
-_compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
-
-
-def compiled_flex_attention(*args, **kwargs):
-    """The compiled kernel, with room for one compile per pattern (torch's default limit is 8)."""
-    with torch._dynamo.config.patch(cache_size_limit=256, accumulated_cache_size_limit=256):
-        return _compiled_flex_attention(*args, **kwargs)
-
 
 def matrix(rows):
     """A boolean mask from rows of 0/1 digits, e.g. `["10", "11"]`."""

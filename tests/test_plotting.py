@@ -1,4 +1,5 @@
-"""Every plotting helper returns a Figure with the expected axes, titles, axis labels and colour bars."""
+"""Every plotting helper returns a Figure with the expected axes, titles, axis labels and colour bars;
+the display helpers (attention.display) show it as one image in a notebook and print plain text elsewhere."""
 
 import io
 
@@ -10,7 +11,7 @@ matplotlib.use("Agg")
 
 from matplotlib.figure import Figure  # noqa: E402
 
-from attention import plotting  # noqa: E402
+from attention import display, plotting  # noqa: E402
 from attention.masks import and_masks, bigbird, causal, dense_mask, document, sliding_window  # noqa: E402
 from attention.positional import LearnedPositionalEmbedding  # noqa: E402
 
@@ -116,7 +117,7 @@ def test_show_displays_an_image_whatever_the_backend(inline_backend):
         png_formatter.for_type(Figure, lambda fig: b"inline backend's PNG")
     try:
         with capture_output() as captured:
-            result = plotting.show(plotting.plot_mask(causal, q_len=4))
+            result = display.show(plotting.plot_mask(causal, q_len=4))
     finally:
         png_formatter.type_printers.pop(Figure, None)
         interactiveshell.InteractiveShell.clear_instance()  # get_ipython() is None again
@@ -128,5 +129,52 @@ def test_show_displays_an_image_whatever_the_backend(inline_backend):
 
 
 def test_show_does_nothing_outside_ipython(capsys):
-    assert plotting.show(plotting.plot_mask(causal, q_len=4)) is None
+    assert display.show(plotting.plot_mask(causal, q_len=4)) is None
     assert capsys.readouterr().out == ""
+
+
+def test_text_helpers_print_plain_text_outside_ipython(capsys):
+    display.show_markdown("**bold** text")
+    display.show_table("Errors", ["name", "error"], [["`split_heads`", "1.2e-07"], ["`flex`", 0.5]])
+    assert capsys.readouterr().out == ("**bold** text\n"
+                                       "Errors\n"
+                                       "name           error  \n"
+                                       "`split_heads`  1.2e-07\n"
+                                       "`flex`         0.5    \n")
+
+
+def test_show_source_prints_the_file_and_the_dedented_source(capsys):
+    display.show_source(plotting.figure_alt)
+    out = capsys.readouterr().out
+    assert out.startswith("# attention/plotting.py: figure_alt\ndef figure_alt(fig):\n")
+    assert out.endswith("return \" \".join(text.split())  # one line: titles may hold newlines\n\n")
+
+
+def test_show_shape_aligns_label_shape_and_letters(capsys):
+    display.show_shape("x", torch.zeros(2, 4, 6), "(B, T, d_in)")
+    display.show_shape("q = query(x).view(B, T, H, D).transpose(1, 2)", torch.zeros(2, 2, 4, 3), "(B, H, T, D)")
+    display.show_shape("mask", dense_mask(causal, 4, 4), "(T, T)", width=10)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "x" + " " * 48 + "(2, 4, 6)" + " " * 8 + "(B, T, d_in)"
+    assert lines[1].index("(2, 2, 4, 3)") == lines[0].index("(2, 4, 6)") == 48 + 1
+    assert lines[1].index("(B, H, T, D)") == lines[0].index("(B, T, d_in)")
+    assert lines[2] == "mask       (4, 4)           (T, T)"
+
+
+def test_text_helpers_display_markdown_in_ipython():
+    interactiveshell = pytest.importorskip("IPython.core.interactiveshell")
+    from IPython.utils.capture import capture_output
+
+    interactiveshell.InteractiveShell.instance()
+    try:
+        with capture_output() as captured:
+            display.show_markdown("**bold**")
+            display.show_table("Errors", ["name", "error"], [["`flex`", "0.5"]])
+            display.show_source(plotting.figure_alt)
+    finally:
+        interactiveshell.InteractiveShell.clear_instance()
+    assert captured.stdout == ""
+    assert [output.data["text/markdown"] for output in captured.outputs[:2]] == [
+        "**bold**", "**Errors**\n\n| name | error |\n|---|---|\n| `flex` | 0.5 |"]
+    source = captured.outputs[2].data["text/markdown"]
+    assert source.startswith("```python\n# attention/plotting.py: figure_alt\ndef figure_alt(fig):") and source.endswith("\n```")

@@ -1,17 +1,11 @@
 """Position encodings: closed forms, invariances, the paper's ALiBi slopes, and the ALiBi/RoPE modules against the reference."""
 
-import inspect
 import math
-import re
 
 import pytest
 import torch
 
 import attention.general
-import attention.causal.alibi
-import attention.causal.alibi_flex
-import attention.causal.rope
-import attention.positional.rotary
 from attention.causal.alibi import ALiBiAttention
 from attention.causal.alibi_flex import ALiBiFlexAttention
 from attention.causal.rope import RoPEAttention
@@ -173,19 +167,3 @@ def test_module_argument_errors():
         RoPEAttention(8, 6, 8, 0.0, 2)
     with pytest.raises(ValueError, match="context_length=8"):
         ALiBiAttention(4, 4, 8, 0.0, 2)(torch.randn(1, 9, 4))
-
-
-# ---------------------------------------------------------------- marked copies in the files this issue adds
-
-MARKER = re.compile(r"^# Same as (attention/[\w/]+)\.py::(\w+)\n", re.MULTILINE)
-
-
-@pytest.mark.parametrize("module", [attention.causal.alibi, attention.causal.alibi_flex, attention.causal.rope,
-                                    attention.positional.rotary], ids=lambda module: module.__name__)
-def test_marked_copies_are_identical(module):
-    text = inspect.getsource(module)
-    marks = MARKER.findall(text)
-    assert marks, f"{module.__name__} has no marked copies"
-    for path, name in marks:
-        source = __import__(path.replace("/", "."), fromlist=[name])
-        assert inspect.getsource(getattr(module, name)) == inspect.getsource(getattr(source, name)), f"{module.__name__}::{name} differs from {path}"

@@ -8,12 +8,14 @@ Markdown tables and matplotlib charts. The file format is described in docs/benc
 
 Modules:
     harness: `BenchConfig`, `quick_config`, `run_benchmark`, `write_result`.
-    metrics: FLOP convention, tolerances, timing, matmul rate, peak memory, SDPA backend detection.
-    provenance: `collect_provenance`, `source_hash`, `SCHEMA_VERSION`.
+    schema: `Row`, the type of each result row, and `SCHEMA_VERSION`.
+    metrics: FLOP count, tolerances, timing, matmul rate, peak memory, SDPA backend detection.
+    provenance: `collect_provenance`, `source_hash`.
     render: tables, charts, provenance summary, `is_stale`.
 """
 
 from attention.bench.harness import BenchConfig, quick_config, run_benchmark, write_result
-from attention.bench.provenance import SCHEMA_VERSION, source_hash
+from attention.bench.provenance import source_hash
+from attention.bench.schema import SCHEMA_VERSION
 
 __all__ = ["SCHEMA_VERSION", "BenchConfig", "quick_config", "run_benchmark", "source_hash", "write_result"]

@@ -8,10 +8,11 @@ Examples:
 """
 
 import argparse
+import dataclasses
 import sys
 
 from attention.bench.harness import (DEVICES, DTYPES, MODE_CHOICES, BenchConfig, quick_config, run_benchmark,
-                                     select_implementations, write_result)
+                                     select_implementations)
 from attention.registry import IMPLEMENTATIONS
 
 
@@ -32,7 +33,7 @@ def positive_int(text):
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        value = 0
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
@@ -59,12 +60,15 @@ def build_parser():
                         help="sweep lengths, e.g. 128,256,512 or 'none' (default 128..4096 on CPU, ..16384 on CUDA)")
     parser.add_argument("--sweep-batch", type=positive_int,
                         help="batch size of the sweep (default 1 on CPU/MPS, --batch on CUDA)")
-    parser.add_argument("--d-model", type=positive_int, help="output features d_out (default 768)")
-    parser.add_argument("--d-in", type=positive_int, help="input features (default: d_model)")
-    parser.add_argument("--heads", type=positive_int, help="number of heads (default 12)")
-    parser.add_argument("--impl", nargs="+", metavar="NAME", help="implementations to run (default: all registered)")
+    parser.add_argument("--d-model", type=positive_int, help="model width: d_in = d_out = d_model (default 768)")
+    parser.add_argument("--d-in", type=positive_int, help="input features, if not d_model")
+    parser.add_argument("--heads", type=positive_int, dest="num_heads", metavar="HEADS",
+                        help="number of heads (default 12)")
+    parser.add_argument("--impl", nargs="+", dest="implementations", metavar="NAME",
+                        help="implementations to run (default: all registered)")
     parser.add_argument("--min-run-time", type=float, help="seconds of timing per row at least (default 1.0)")
-    parser.add_argument("--repeats", type=positive_int, help="timing blocks per row at least (default 5)")
+    parser.add_argument("--repeats", type=positive_int, dest="min_repeats", metavar="REPEATS",
+                        help="timing blocks per row at least (default 5)")
     parser.add_argument("--matmul-size", type=positive_int, help="side of the peak matmul (default 2048 CPU, 4096 GPU)")
     parser.add_argument("--seed", type=int, help="seed of the weights and inputs (default 0)")
     parser.add_argument("--out", metavar="FILE",
@@ -74,15 +78,10 @@ def build_parser():
 
 
 def config_from_args(args):
-    """The `BenchConfig` the parsed arguments ask for."""
-    overrides = {
-        "device": args.device, "dtype": args.dtype, "modes": MODE_CHOICES[args.mode], "compile": args.compile,
-        "batch": args.batch, "seq_len": args.seq_len, "seq_lens": args.seq_lens, "sweep_batch": args.sweep_batch,
-        "d_model": args.d_model, "d_in": args.d_in, "num_heads": args.heads, "implementations": args.impl,
-        "min_run_time": args.min_run_time, "min_repeats": args.repeats, "matmul_size": args.matmul_size,
-        "seed": args.seed,
-    }
-    overrides = {key: value for key, value in overrides.items() if value is not None}
+    """The `BenchConfig` the parsed arguments ask for (each option's `dest` is a `BenchConfig` field)."""
+    fields = {field.name for field in dataclasses.fields(BenchConfig)}
+    overrides = {key: value for key, value in vars(args).items() if key in fields and value is not None}
+    overrides["modes"] = MODE_CHOICES[args.mode]
     if args.quick:
         return quick_config(**overrides)
     custom = any(key in overrides for key in ("batch", "seq_len", "seq_lens", "sweep_batch", "d_model", "d_in",
@@ -95,16 +94,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args).resolve()
-    except ValueError as error:
-        parser.error(str(error))
-    try:
         select_implementations(IMPLEMENTATIONS, config.implementations)
     except ValueError as error:
         parser.error(str(error))
+    # With --out the run writes its file after each implementation and once complete.
     result = run_benchmark(config, progress=not args.quiet, checkpoint=args.out,
                            argv=None if argv is None else ["python", "-m", "attention.bench", *argv])
-    if args.out:
-        write_result(result, args.out)
     from attention.bench.render import markdown_tables, provenance_summary
 
     print(provenance_summary(result))

@@ -1,59 +1,34 @@
 """Measurements: time, FLOPs, the same run's matmul rate, peak memory and the SDPA backend that ran.
 
 Every function here measures one thing about one callable and knows nothing about attention
-implementations; `attention.bench.harness` strings them together.
+implementations; `attention.bench.harness` strings them together. docs/benchmark-schema.md states
+the conventions (FLOPs, timing, correctness, memory) once.
 """
 
-import contextlib
-import ctypes
-import ctypes.util
 import gc
 import math
 import os
 import re
-import sys
-import tempfile
 import time
 
 import torch
 
-# ---------------------------------------------------------------------------------------------
-# FLOPs
-# ---------------------------------------------------------------------------------------------
-
-FLOP_CONVENTION = (
-    "A multiply-add counts as 2 FLOPs. Projections (forward): 2*B*T*d_in*d_out*3 (query, key, value) "
-    "+ 2*B*T*d_out*d_out (output). Attention core (forward): 4*B*H*T^2*D (Q K^T and P V), halved for "
-    "the causal mask since half the scores are masked. Backward: 2.5x the forward for the attention "
-    "core (the FlashAttention benchmark convention: the recomputation of P is not counted) and 2x the "
-    "forward for the projections (gradients of inputs and of weights). forward_backward rows count "
-    "forward + backward. TFLOP/s = total FLOPs / median time. Softmax, masking, bias and reshapes "
-    "are not counted: these are useful FLOPs, the same for every implementation, so a slower "
-    "implementation gets a lower rate whatever extra work it does."
-)
-
+# Backward FLOPs as multiples of the forward's: the attention core's is the FlashAttention benchmark
+# convention (the recomputation of P is not counted); the projections compute input and weight gradients.
 BACKWARD_FACTOR_ATTENTION = 2.5
 BACKWARD_FACTOR_PROJECTIONS = 2.0
 
 
-def attention_flops(batch, seq_len, d_in, d_out, num_heads, mode, causal=True):
-    """Useful FLOPs of one call of causal self-attention under `FLOP_CONVENTION`.
+def attention_flops(batch, seq_len, d_in, d_out, num_heads, mode):
+    """`{"attention", "projections", "total"}`: useful FLOPs (ints) of one call of causal self-attention.
 
-    Args:
-        batch, seq_len: B and T.
-        d_in, d_out: input and output features; head_dim D = d_out / num_heads.
-        num_heads: H.
-        mode: "forward" or "forward_backward".
-        causal: halve the attention core (only the lower triangle of the scores is needed).
-
-    Returns:
-        `{"attention": ..., "projections": ..., "total": ...}` in FLOPs (ints).
+    A multiply-add counts as 2. Projections: `2*B*T*d_in*d_out*3 + 2*B*T*d_out*d_out`; attention core:
+    `4*B*H*T^2*D` (Q K^T and P V, D = d_out / H), halved for the causal mask. Softmax, masking, bias
+    and reshapes are not counted, so the count is the same for every implementation whatever extra
+    work it does. `mode` is "forward" or "forward_backward" (forward plus backward).
     """
-    head_dim = d_out // num_heads
     projections = 2 * batch * seq_len * d_in * d_out * 3 + 2 * batch * seq_len * d_out * d_out
-    core = 4 * batch * num_heads * seq_len * seq_len * head_dim
-    if causal:
-        core //= 2
+    core = 4 * batch * num_heads * seq_len * seq_len * (d_out // num_heads) // 2
     if mode == "forward_backward":
         projections = projections * (1 + BACKWARD_FACTOR_PROJECTIONS)
         core = core * (1 + BACKWARD_FACTOR_ATTENTION)
@@ -61,10 +36,6 @@ def attention_flops(batch, seq_len, d_in, d_out, num_heads, mode, causal=True):
         raise ValueError(f"mode must be 'forward' or 'forward_backward', got mode={mode!r}")
     return {"attention": int(core), "projections": int(projections), "total": int(core + projections)}
 
-
-# ---------------------------------------------------------------------------------------------
-# Correctness tolerances
-# ---------------------------------------------------------------------------------------------
 
 # Output against the float64 reference computed from the same (rounded) weights and input, so these
 # bound the arithmetic of the implementation, not the rounding of its parameters. Looser than the
@@ -78,27 +49,15 @@ TOLERANCES = {
 
 
 def compare_to_reference(output, reference, tolerance):
-    """Whether `|output - reference| <= atol + rtol * |reference|` holds everywhere, and by how much.
-
-    Args:
-        output: the implementation's output (any dtype, any device).
-        reference: float64 reference of the same shape (CPU).
-        tolerance: `{"atol": ..., "rtol": ...}`.
-
-    Returns:
-        `(correct, max_abs_error)`; a wrong shape, NaN or infinity gives `(False, None)`.
-    """
+    """`(correct, max_abs_error)`: whether `|output - reference| <= atol + rtol * |reference|` holds
+    everywhere (`tolerance` = `{"atol", "rtol"}`, `reference` float64 on CPU), and by how much. A wrong
+    shape, NaN or infinity gives `(False, None)`."""
     output = output.detach().to("cpu", torch.float64)
     if output.shape != reference.shape or not torch.isfinite(output).all():
         return False, None
     error = (output - reference).abs()
     allowed = tolerance["atol"] + tolerance["rtol"] * reference.abs()
     return bool((error <= allowed).all()), float(error.max()) if error.numel() else 0.0
-
-
-# ---------------------------------------------------------------------------------------------
-# Time
-# ---------------------------------------------------------------------------------------------
 
 
 def synchronize(device):
@@ -111,10 +70,8 @@ def synchronize(device):
 
 
 def time_first_call(fn, device):
-    """Seconds taken by one call of `fn` (synchronized), and its return value.
-
-    The first call of a compiled function includes the compilation: call this before any warm-up.
-    """
+    """Seconds taken by one call of `fn` (synchronized), and its return value. The first call of a
+    compiled function includes the compilation: call this before any warm-up."""
     synchronize(device)
     start = time.perf_counter()
     result = fn()
@@ -127,28 +84,21 @@ def time_callable(fn, device, min_run_time=1.0, min_repeats=5, warmup_time=0.25,
 
     Warm-up: calls `fn` until `warmup_time` seconds of calls have passed, counting `warm_s` seconds
     of calls the caller already made, timing each call to estimate its cost. Measurement: blocks of
-    `calls_per_repeat` back-to-back calls, the device synchronized before and after each block (so
-    asynchronous CUDA/MPS work is counted, once per block), the block size chosen so a block lasts
-    about `min_run_time / min_repeats` (at most 50 ms) and the synchronization cost is spread over
-    many calls. Blocks run until at least `min_repeats` blocks and `min_run_time` seconds are done.
-    This is `torch.utils.benchmark.Timer.blocked_autorange`'s scheme, with a guaranteed number of
-    blocks (blocked_autorange may stop after one block for slow calls, leaving no spread to report).
+    `calls_per_repeat` back-to-back calls, the device synchronized before and after each block, the
+    block size chosen so a block lasts about `min_run_time / min_repeats` (at most 50 ms), until at
+    least `min_repeats` blocks and `min_run_time` seconds are done. This is
+    `torch.utils.benchmark.Timer.blocked_autorange`'s scheme, with a guaranteed number of blocks
+    (blocked_autorange may stop after one block for slow calls, leaving no spread to report).
 
     Args:
-        fn: a callable without arguments.
-        device: the device whose queue must be drained around each block.
-        min_run_time: seconds of measurement at least.
-        min_repeats: blocks at least (each gives one per-call time).
-        warmup_time: seconds of warm-up calls at least.
+        fn, device: a callable without arguments, and the device to synchronize around each block.
+        min_run_time, min_repeats, warmup_time: seconds of measurement, blocks, seconds of warm-up.
         warm_s: seconds of calls of `fn` already made just before (they count as warm-up).
-        per_call_hint: seconds of one call, measured by the caller; without it at least one
-            warm-up call is timed.
+        per_call_hint: seconds of one call, measured by the caller; without it a warm-up call is timed.
 
     Returns:
-        dict with `ms_median`, `ms_q1`, `ms_q3`, `ms_iqr`, `ms_min`, `ms_max` (per call, over the
-        blocks), `repeats` (blocks), `calls_per_repeat`, and on CPU `cpu_utilization`: process CPU
-        time over (wall time x torch threads) during the measurement, about 1 on an otherwise idle
-        machine, lower when other processes took the cores (else None).
+        `ms_median`, `ms_q1`, `ms_q3`, `ms_iqr`, `ms_min`, `ms_max` (per call, over the blocks),
+        `repeats` (blocks), `calls_per_repeat` and `cpu_utilization` (CPU only, else None).
     """
     clock = time.perf_counter
     warmup_times, warmup_start = [], clock()
@@ -158,10 +108,8 @@ def time_callable(fn, device, min_run_time=1.0, min_repeats=5, warmup_time=0.25,
         fn()
         synchronize(device)
         warmup_times.append(clock() - start)
-    per_call = sorted(warmup_times)[len(warmup_times) // 2] if warmup_times else per_call_hint
-    per_call = max(per_call, 1e-7)
-    block_target = min(min_run_time / min_repeats, 0.05)
-    calls_per_repeat = max(1, math.ceil(block_target / per_call))
+    per_call = max(sorted(warmup_times)[len(warmup_times) // 2] if warmup_times else per_call_hint, 1e-7)
+    calls_per_repeat = max(1, math.ceil(min(min_run_time / min_repeats, 0.05) / per_call))
 
     block_times, total = [], 0.0
     cpu_start = time.process_time()
@@ -182,89 +130,32 @@ def time_callable(fn, device, min_run_time=1.0, min_repeats=5, warmup_time=0.25,
     q1, median, q3 = (float(torch.quantile(times, q)) for q in (0.25, 0.5, 0.75))
     return {"ms_median": median, "ms_q1": q1, "ms_q3": q3, "ms_iqr": q3 - q1,
             "ms_min": float(times.min()), "ms_max": float(times.max()),
-            "repeats": len(block_times), "calls_per_repeat": calls_per_repeat,
-            "cpu_utilization": cpu_utilization}
+            "repeats": len(block_times), "calls_per_repeat": calls_per_repeat, "cpu_utilization": cpu_utilization}
 
 
 def matmul_rate(device, dtype, size, min_run_time=1.0, warmup_time=0.5):
-    """TFLOP/s of one dense `(size, size) @ (size, size)` matmul in `dtype` on `device`.
+    """`{"size", "ms_median", "ms_iqr", "tflops", "cpu_utilization"}` of one dense `(size, size) @ (size,
+    size)` matmul in `dtype` on `device` (TensorFloat-32 for float32 only if the caller enabled it).
 
     The benchmark's "peak": what this device reaches on the easiest large matmul in this run, so a
     row's share of it says how far that implementation is from matmul speed on the same machine under
-    the same conditions. Float32 matmuls use TensorFloat-32 only if the caller enabled it.
-
-    Returns:
-        `{"size", "ms_median", "ms_iqr", "tflops", "cpu_utilization"}`.
+    the same conditions.
     """
     generator = torch.Generator().manual_seed(0)
     a = torch.randn(size, size, generator=generator).to(device=device, dtype=dtype)
     b = torch.randn(size, size, generator=generator).to(device=device, dtype=dtype)
     timing = time_callable(lambda: torch.mm(a, b), device, min_run_time=min_run_time, min_repeats=10,
-                            warmup_time=warmup_time)
+                           warmup_time=warmup_time)
     return {"size": size, "ms_median": timing["ms_median"], "ms_iqr": timing["ms_iqr"],
             "tflops": 2 * size**3 / (timing["ms_median"] * 1e-3) / 1e12, "cpu_utilization": timing["cpu_utilization"]}
-
-
-# ---------------------------------------------------------------------------------------------
-# Memory
-# ---------------------------------------------------------------------------------------------
-
-MEMORY_METHODS = {
-    "cuda": "torch.cuda.max_memory_allocated() after reset_peak_memory_stats(), minus memory_allocated() "
-            "just before the call: bytes of live tensors in PyTorch's caching allocator, not its reserved cache",
-    "cpu": "peak of the running sum of every CPU allocation and free PyTorch's allocator made during the call, "
-           "from the profiler's memory records (torch.profiler, profile_memory=True): bytes of live tensors "
-           "at the worst moment, like CUDA's max_memory_allocated; library workspaces outside PyTorch's "
-           "allocator are not included",
-    "mps": "growth of torch.mps.driver_allocated_memory() across the call after torch.mps.empty_cache(): "
-           "freed blocks stay in the driver allocation, so this bounds the call's peak from above",
-}
-
-RSS_METHOD = (
-    "peak resident set growth of the process during one call (Linux): free heap pages are returned with "
-    "malloc_trim(0), VmHWM is reset to VmRSS via /proc/self/clear_refs, and the result is VmHWM after the "
-    "call minus VmRSS before. What the operating system saw: includes malloc fragmentation and library "
-    "workspaces, so it is at least the tensor peak and varies from run to run"
-)
-
-
-def _libc():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
-
-
-_LIBC = _libc()
-
-
-def _proc_status_kib(field):
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise OSError(f"/proc/self/status has no {field}")
-
-
-def cpu_peak_memory_supported():
-    """True where the CPU peak-memory probe works: Linux with a writable /proc/self/clear_refs."""
-    if _LIBC is None:
-        return False
-    try:
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-        _proc_status_kib("VmHWM")
-        return True
-    except OSError:
-        return False
 
 
 def device_peak_memory(fn, device):
     """Bytes of device memory the call `fn()` needed at its peak beyond what was in use before it.
 
-    CUDA and MPS only (see `MEMORY_METHODS`); CPU tensor memory comes from `profile_call`.
+    CUDA: `max_memory_allocated()` after `reset_peak_memory_stats()`, minus `memory_allocated()`
+    before. MPS: growth of `driver_allocated_memory()` after `empty_cache()`, an upper bound (freed
+    blocks stay in the driver allocation). CPU tensor memory comes from `profile_call` instead.
 
     Returns:
         bytes, or None on other devices.
@@ -288,19 +179,6 @@ def device_peak_memory(fn, device):
     return None
 
 
-def rss_growth(fn):
-    """Peak resident-set growth of this process during `fn()` in bytes (`RSS_METHOD`); None off Linux."""
-    if not cpu_peak_memory_supported():
-        return None
-    gc.collect(0)
-    _LIBC.malloc_trim(0)
-    with open("/proc/self/clear_refs", "w") as clear_refs:
-        clear_refs.write("5")  # VmHWM := VmRSS
-    before = _proc_status_kib("VmRSS")
-    fn()
-    return max(0, _proc_status_kib("VmHWM") - before) * 1024
-
-
 def _allocation_peak(prof, device_type):
     """Peak of the running sum of allocations minus frees on `device_type` in a profile, or None."""
     try:
@@ -315,10 +193,6 @@ def _allocation_peak(prof, device_type):
     except (AttributeError, RuntimeError):  # the profiler's result object is not public API
         return None
 
-
-# ---------------------------------------------------------------------------------------------
-# SDPA backend
-# ---------------------------------------------------------------------------------------------
 
 # Dispatcher ops of F.scaled_dot_product_attention's backends (forward and backward).
 SDPA_OPS = {
@@ -348,68 +222,39 @@ SDPA_KERNEL_PATTERNS = [
 ]
 
 
-@contextlib.contextmanager
-def _filtered_stderr(drop=("profiler_start", "profiler_stop")):
-    """Capture the process's stderr (fd 2) and pass on every line except the profiler's chatter."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as capture:
-        os.dup2(capture.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            capture.seek(0)
-            for line in capture.read().decode(errors="replace").splitlines(keepends=True):
-                if not any(word in line for word in drop):
-                    sys.stderr.write(line)
-            sys.stderr.flush()
-
-
 def profile_call(fn, device):
     """Profile one call of `fn`: which SDPA backends ran and, on CPU, the peak of live tensor bytes.
 
     Reads the names of the dispatcher ops that ran (`SDPA_OPS`) and, on CUDA, the names of the GPU
-    kernels (`SDPA_KERNEL_PATTERNS`). Only what appears in the trace is reported. On CPU the profiler
-    also records every allocation and free, whose running sum peaks at the call's tensor memory
-    (`MEMORY_METHODS["cpu"]`).
-
-    Returns:
-        `{"backends": [...] or ["n/a"], "ops": [...], "kernels": [...], "cpu_tensor_peak_bytes": int or None}`:
-        backend labels in order of first appearance; "n/a" where no SDPA op or kernel ran.
+    kernels (`SDPA_KERNEL_PATTERNS`): only what appears in the trace is reported. On CPU the profiler
+    also records every allocation and free, whose running sum peaks at the call's tensor memory.
+    Returns `{"backends", "ops", "kernels", "cpu_tensor_peak_bytes"}`; backend labels are in order of
+    first appearance, `["n/a"]` where no SDPA op or kernel ran.
     """
     from torch.profiler import ProfilerActivity, profile
 
+    # Kineto, the profiler's C++ backend, prints "USDT: ... profiler_start" and "... profiler_stop" to stderr
+    # on every profiled call, two lines per row among the progress lines. A warnings filter cannot reach C++
+    # output, so this raises Kineto's log threshold above all its levels (its errors too), read once, at the
+    # profiler's first use in the process. A value set by the user wins: KINETO_LOG_LEVEL=4 shows errors.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     device = torch.device(device)
-    activities = [ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
     on_cpu = device.type == "cpu"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     gc.collect(0)
-    with _filtered_stderr(), profile(activities=activities, profile_memory=on_cpu) as prof:
+    with profile(activities=activities, profile_memory=on_cpu) as prof:
         fn()
         synchronize(device)
     names = []
     for event in prof.events():
         names.append(event.name)
         names.extend(kernel.name for kernel in getattr(event, "kernels", []) or [])
-    labels, ops, kernels = [], [], []
-    for name in names:
-        if name in SDPA_OPS:
-            if name not in ops:
-                ops.append(name)
-            if SDPA_OPS[name] not in labels:
-                labels.append(SDPA_OPS[name])
-    if device.type == "cuda":
-        for name in names:
-            for label, pattern in SDPA_KERNEL_PATTERNS:
-                if pattern.search(name):
-                    if name not in kernels:
-                        kernels.append(name)
-                    if label not in labels:
-                        labels.append(label)
-                    break
+    ops = list(dict.fromkeys(name for name in names if name in SDPA_OPS))
+    kernels = {}  # kernel name -> backend, in order of first appearance
+    for name in names if device.type == "cuda" else []:
+        label = next((label for label, pattern in SDPA_KERNEL_PATTERNS if pattern.search(name)), None)
+        if label is not None:
+            kernels.setdefault(name, label)
+    labels = list(dict.fromkeys([SDPA_OPS[name] for name in ops] + list(kernels.values())))
     peak = _allocation_peak(prof, torch.autograd.DeviceType.CPU) if on_cpu else None
-    return {"backends": labels or ["n/a"], "ops": ops, "kernels": kernels, "cpu_tensor_peak_bytes": peak}
+    return {"backends": labels or ["n/a"], "ops": ops, "kernels": list(kernels), "cpu_tensor_peak_bytes": peak}

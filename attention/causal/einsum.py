@@ -1,9 +1,8 @@
 """Causal multi-head self-attention written with `torch.einsum` throughout.
 
 Every contraction names its indices, so the shapes are on the page: `b` batch, `t`/`s` query/key
-position, `h` head, `d` head feature, `c` input feature. The widely copied einsum version took the
-softmax over the heads dimension (`dim=1` of a `(B, H, T, T)` tensor), so each weight was
-normalised across heads instead of across keys; here the softmax runs over the key index `s`.
+position, `h` head, `d` head feature, `c` input feature. The softmax runs over the key index `s`
+(the einsum page's pitfalls show what taking it over the heads does).
 """
 
 import math
@@ -15,27 +14,16 @@ from torch import nn
 class EinsumAttention(nn.Module):
     """Causal multi-head self-attention in einsum notation: `(B, T, d_in) -> (B, T, d_out)`.
 
-    Args:
-        d_in: features of the input `x`.
-        d_out: features of the output; split into `num_heads` heads of `d_out // num_heads`.
-        context_length: longest sequence accepted; sizes the `causal_mask` buffer.
-        dropout: probability of zeroing an attention weight in training.
-        num_heads: number of heads.
-        qkv_bias: add a bias to the query, key and value projections.
+    The family's constructor, shapes and canonical state dict: `attention.causal.CausalSelfAttention`.
     """
 
     position_encoding = None
 
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__()
-        check_init_args(d_in, d_out, context_length, dropout, num_heads)
-        self.d_in, self.d_out, self.context_length = d_in, d_out, context_length
-        self.num_heads, self.head_dim, self.qkv_bias = num_heads, d_out // num_heads, qkv_bias
+        init_sizes(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias)
         # Linear layers only hold the parameters (and their usual initialisation); einsum applies them.
-        self.query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.out = nn.Linear(d_out, d_out)
+        init_projections(self, d_in, d_out, qkv_bias)  # query, key, value: d_in -> d_out; out: d_out -> d_out
         self.dropout = nn.Dropout(dropout)
         causal_mask = torch.ones(context_length, context_length, dtype=torch.bool).tril()  # True = attend
         self.register_buffer("causal_mask", causal_mask, persistent=False)
@@ -63,14 +51,33 @@ class EinsumAttention(nn.Module):
         out_weight = self.out.weight.view(self.d_out, self.num_heads, self.head_dim)  # (d_out, H, D)
         return torch.einsum("bthd,ohd->bto", context, out_weight) + self.out.bias  # (B, T, d_out)
 
+    # Same as attention/causal/split_heads.py::SplitHeadsAttention.canonical_state_dict
     def canonical_state_dict(self):
-        """Weights under the names every implementation shares."""
+        """The weights under the names every implementation shares (`attention.causal.CausalSelfAttention`)."""
         return {name: tensor.detach().clone() for name, tensor in self.state_dict().items()}
 
+    # Same as attention/causal/split_heads.py::SplitHeadsAttention.load_canonical_state_dict
     def load_canonical_state_dict(self, state):
-        """Load the shared form: see `SplitHeadsAttention.load_canonical_state_dict`."""
+        """Load the canonical state dict (`attention.causal.CausalSelfAttention`)."""
         check_canonical_state(state, self.d_in, self.d_out, self.qkv_bias)
         self.load_state_dict(state)
+
+
+# Same as attention/causal/split_heads.py::init_sizes
+def init_sizes(module, d_in, d_out, context_length, dropout, num_heads, qkv_bias):
+    """Check the family's constructor arguments (clear errors) and keep the sizes on `module`."""
+    check_init_args(d_in, d_out, context_length, dropout, num_heads)
+    module.d_in, module.d_out, module.context_length = d_in, d_out, context_length
+    module.num_heads, module.head_dim, module.qkv_bias = num_heads, d_out // num_heads, qkv_bias
+
+
+# Same as attention/causal/split_heads.py::init_projections
+def init_projections(module, d_in, d_out, qkv_bias):
+    """Give `module` its query, key and value projections `d_in -> d_out` and its output projection."""
+    module.query = nn.Linear(d_in, d_out, bias=qkv_bias)
+    module.key = nn.Linear(d_in, d_out, bias=qkv_bias)
+    module.value = nn.Linear(d_in, d_out, bias=qkv_bias)
+    module.out = nn.Linear(d_out, d_out)
 
 
 # Same as attention/causal/split_heads.py::check_init_args

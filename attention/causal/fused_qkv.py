@@ -13,12 +13,9 @@ from torch import nn
 class FusedQKVAttention(nn.Module):
     """Causal multi-head self-attention with a fused `qkv` projection: `(B, T, d_in) -> (B, T, d_out)`.
 
+    The family's constructor, shapes and canonical state dict: `attention.causal.CausalSelfAttention`.
+
     Args:
-        d_in: features of the input `x`.
-        d_out: features of the output; split into `num_heads` heads of `d_out // num_heads`.
-        context_length: longest sequence accepted; sizes the `causal_mask` buffer.
-        dropout: probability of zeroing an attention weight in training.
-        num_heads: number of heads.
         qkv_bias: add a bias to the fused projection.
     """
 
@@ -26,9 +23,7 @@ class FusedQKVAttention(nn.Module):
 
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__()
-        check_init_args(d_in, d_out, context_length, dropout, num_heads)
-        self.d_in, self.d_out, self.context_length = d_in, d_out, context_length
-        self.num_heads, self.head_dim, self.qkv_bias = num_heads, d_out // num_heads, qkv_bias
+        init_sizes(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias)
         self.qkv = nn.Linear(d_in, 3 * d_out, bias=qkv_bias)
         self.out = nn.Linear(d_out, d_out)
         self.dropout = nn.Dropout(dropout)
@@ -60,7 +55,7 @@ class FusedQKVAttention(nn.Module):
         return state
 
     def load_canonical_state_dict(self, state):
-        """Load the shared form: see `SplitHeadsAttention.load_canonical_state_dict`."""
+        """Load the canonical state dict (`attention.causal.CausalSelfAttention`)."""
         check_canonical_state(state, self.d_in, self.d_out, self.qkv_bias)
         with torch.no_grad():
             self.qkv.weight.copy_(torch.cat([state["query.weight"], state["key.weight"], state["value.weight"]]))
@@ -68,6 +63,14 @@ class FusedQKVAttention(nn.Module):
                 self.qkv.bias.copy_(torch.cat([state["query.bias"], state["key.bias"], state["value.bias"]]))
             self.out.weight.copy_(state["out.weight"])
             self.out.bias.copy_(state["out.bias"])
+
+
+# Same as attention/causal/split_heads.py::init_sizes
+def init_sizes(module, d_in, d_out, context_length, dropout, num_heads, qkv_bias):
+    """Check the family's constructor arguments (clear errors) and keep the sizes on `module`."""
+    check_init_args(d_in, d_out, context_length, dropout, num_heads)
+    module.d_in, module.d_out, module.context_length = d_in, d_out, context_length
+    module.num_heads, module.head_dim, module.qkv_bias = num_heads, d_out // num_heads, qkv_bias
 
 
 # Same as attention/causal/split_heads.py::check_init_args

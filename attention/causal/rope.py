@@ -15,15 +15,13 @@ from torch import nn
 class RoPEAttention(nn.Module):
     """Causal multi-head self-attention with rotary embeddings: `(B, T, d_in) -> (B, T, d_out)`.
 
+    The family's constructor, shapes and canonical state dict: `attention.causal.CausalSelfAttention`.
+
     Args:
-        d_in: features of the input `x`.
         d_out: features of the output; split into `num_heads` heads of `d_out // num_heads`,
             which must be even.
         context_length: longest sequence accepted. RoPE itself has no length limit; the check keeps
             the family's interface.
-        dropout: probability of zeroing an attention weight in training.
-        num_heads: number of heads.
-        qkv_bias: add a bias to the query, key and value projections.
     """
 
     position_encoding = "rope"
@@ -31,37 +29,32 @@ class RoPEAttention(nn.Module):
 
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__()
-        check_init_args(d_in, d_out, context_length, dropout, num_heads)
-        if (d_out // num_heads) % 2 != 0:
-            raise ValueError(f"rotary embeddings need an even head_dim, got head_dim={d_out // num_heads} (d_out={d_out}, num_heads={num_heads})")
-        self.d_in, self.d_out, self.context_length = d_in, d_out, context_length
-        self.num_heads, self.head_dim, self.qkv_bias = num_heads, d_out // num_heads, qkv_bias
-        self.query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.out = nn.Linear(d_out, d_out)
-        self.dropout = dropout
+        init_sizes(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias)
+        if self.head_dim % 2 != 0:
+            raise ValueError(f"rotary embeddings need an even head_dim, got head_dim={self.head_dim} (d_out={d_out}, num_heads={num_heads})")
+        init_projections(self, d_in, d_out, qkv_bias)  # query, key, value: d_in -> d_out; out: d_out -> d_out
+        self.dropout_p = dropout  # a probability: SDPA applies it itself
 
     def forward(self, x):
         check_input(x, self.d_in, self.context_length)
         B, T, C = x.shape
-        H, D = self.num_heads, self.head_dim
-        q = self.query(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        k = self.key(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        v = self.value(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        D = self.head_dim
+        q, k, v = project_heads(self, x)  # (B, H, T, D) each
         cos, sin = rotary_cos_sin(T, D, self.rope_base, x.device, q.dtype)  # (T, D) each
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # (B, H, T, D) each
-        dropout_p = self.dropout if self.training else 0.0
+        dropout_p = self.dropout_p if self.training else 0.0
         context = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # (B, H, T, D)
         context = context.transpose(1, 2).reshape(B, T, self.d_out)  # (B, T, H*D)
         return self.out(context)  # (B, T, d_out)
 
+    # Same as attention/causal/split_heads.py::SplitHeadsAttention.canonical_state_dict
     def canonical_state_dict(self):
-        """Weights under the names every implementation shares."""
+        """The weights under the names every implementation shares (`attention.causal.CausalSelfAttention`)."""
         return {name: tensor.detach().clone() for name, tensor in self.state_dict().items()}
 
+    # Same as attention/causal/split_heads.py::SplitHeadsAttention.load_canonical_state_dict
     def load_canonical_state_dict(self, state):
-        """Load the shared form: see `SplitHeadsAttention.load_canonical_state_dict`."""
+        """Load the canonical state dict (`attention.causal.CausalSelfAttention`)."""
         check_canonical_state(state, self.d_in, self.d_out, self.qkv_bias)
         self.load_state_dict(state)
 
@@ -90,6 +83,34 @@ def rotate_half(x):
 def apply_rotary(x, cos, sin):
     """Rotate each pair `(x[..., i], x[..., i + D/2])` of `(B, H, T, D)` `x` by its position's angle."""
     return x * cos + rotate_half(x) * sin  # (B, H, T, D)
+
+
+# Same as attention/causal/split_heads.py::init_sizes
+def init_sizes(module, d_in, d_out, context_length, dropout, num_heads, qkv_bias):
+    """Check the family's constructor arguments (clear errors) and keep the sizes on `module`."""
+    check_init_args(d_in, d_out, context_length, dropout, num_heads)
+    module.d_in, module.d_out, module.context_length = d_in, d_out, context_length
+    module.num_heads, module.head_dim, module.qkv_bias = num_heads, d_out // num_heads, qkv_bias
+
+
+# Same as attention/causal/split_heads.py::init_projections
+def init_projections(module, d_in, d_out, qkv_bias):
+    """Give `module` its query, key and value projections `d_in -> d_out` and its output projection."""
+    module.query = nn.Linear(d_in, d_out, bias=qkv_bias)
+    module.key = nn.Linear(d_in, d_out, bias=qkv_bias)
+    module.value = nn.Linear(d_in, d_out, bias=qkv_bias)
+    module.out = nn.Linear(d_out, d_out)
+
+
+# Same as attention/causal/split_heads.py::project_heads
+def project_heads(module, x):
+    """The queries, keys and values of `x` `(B, T, d_in)`, each split into heads: `(B, H, T, D)`."""
+    B, T, C = x.shape
+    H, D = module.num_heads, module.head_dim
+    q = module.query(x).view(B, T, H, D).transpose(1, 2)  # (B, T, d_out) -> (B, T, H, D) -> (B, H, T, D)
+    k = module.key(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+    v = module.value(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+    return q, k, v
 
 
 # Same as attention/causal/split_heads.py::check_init_args

@@ -29,26 +29,18 @@ class PrepareForMultiHeadAttention(nn.Module):
 class SeqFirstAttention(nn.Module):
     """Causal multi-head self-attention computed sequence-first: `(B, T, d_in) -> (B, T, d_out)`.
 
-    Args:
-        d_in: features of the input `x`.
-        d_out: features of the output; split into `num_heads` heads of `d_out // num_heads`.
-        context_length: longest sequence accepted; sizes the `causal_mask` buffer.
-        dropout: probability of zeroing an attention weight in training.
-        num_heads: number of heads.
-        qkv_bias: add a bias to the query, key and value projections.
+    The family's constructor, shapes and canonical state dict: `attention.causal.CausalSelfAttention`.
     """
 
     position_encoding = None
 
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__()
-        check_init_args(d_in, d_out, context_length, dropout, num_heads)
-        self.d_in, self.d_out, self.context_length = d_in, d_out, context_length
-        self.num_heads, self.head_dim, self.qkv_bias = num_heads, d_out // num_heads, qkv_bias
+        init_sizes(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias)
         self.query = PrepareForMultiHeadAttention(d_in, num_heads, self.head_dim, qkv_bias)
         self.key = PrepareForMultiHeadAttention(d_in, num_heads, self.head_dim, qkv_bias)
         self.value = PrepareForMultiHeadAttention(d_in, num_heads, self.head_dim, qkv_bias)
-        self.output = nn.Linear(d_out, d_out)
+        self.out = nn.Linear(d_out, d_out)
         self.dropout = nn.Dropout(dropout)
         self.scale = 1 / math.sqrt(self.head_dim)
         causal_mask = torch.ones(context_length, context_length, dtype=torch.bool).tril()  # True = attend
@@ -67,11 +59,12 @@ class SeqFirstAttention(nn.Module):
 
         context = torch.einsum("ijbh,jbhd->ibhd", attn_weights, v)  # (T, B, H, D)
         context = context.reshape(T, B, self.d_out)  # (T, B, H*D)
-        return self.output(context).transpose(0, 1)  # (B, T, d_out)
+        return self.out(context).transpose(0, 1)  # (B, T, d_out)
 
     def canonical_state_dict(self):
-        """`query.linear.*` becomes `query.*` (likewise key, value) and `output.*` becomes `out.*`."""
-        rename = {"query.linear.": "query.", "key.linear.": "key.", "value.linear.": "value.", "output.": "out."}
+        """The canonical state dict (`attention.causal.CausalSelfAttention`): `query.linear.*` becomes
+        `query.*`, likewise key and value."""
+        rename = {"query.linear.": "query.", "key.linear.": "key.", "value.linear.": "value.", "out.": "out."}
         state = {}
         for name, tensor in self.state_dict().items():
             prefix = next(p for p in rename if name.startswith(p))
@@ -79,14 +72,22 @@ class SeqFirstAttention(nn.Module):
         return state
 
     def load_canonical_state_dict(self, state):
-        """Load the shared form: see `SplitHeadsAttention.load_canonical_state_dict`."""
+        """Load the canonical state dict (`attention.causal.CausalSelfAttention`)."""
         check_canonical_state(state, self.d_in, self.d_out, self.qkv_bias)
-        rename = {"query.": "query.linear.", "key.": "key.linear.", "value.": "value.linear.", "out.": "output."}
+        rename = {"query.": "query.linear.", "key.": "key.linear.", "value.": "value.linear.", "out.": "out."}
         own = {}
         for name, tensor in state.items():
             prefix = next(p for p in rename if name.startswith(p))
             own[rename[prefix] + name[len(prefix):]] = tensor
         self.load_state_dict(own)
+
+
+# Same as attention/causal/split_heads.py::init_sizes
+def init_sizes(module, d_in, d_out, context_length, dropout, num_heads, qkv_bias):
+    """Check the family's constructor arguments (clear errors) and keep the sizes on `module`."""
+    check_init_args(d_in, d_out, context_length, dropout, num_heads)
+    module.d_in, module.d_out, module.context_length = d_in, d_out, context_length
+    module.num_heads, module.head_dim, module.qkv_bias = num_heads, d_out // num_heads, qkv_bias
 
 
 # Same as attention/causal/split_heads.py::check_init_args

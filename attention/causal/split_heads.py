@@ -15,26 +15,15 @@ from torch import nn
 class SplitHeadsAttention(nn.Module):
     """Causal multi-head self-attention: `(B, T, d_in) -> (B, T, d_out)`.
 
-    Args:
-        d_in: features of the input `x`.
-        d_out: features of the output; split into `num_heads` heads of `d_out // num_heads`.
-        context_length: longest sequence accepted; sizes the `causal_mask` buffer.
-        dropout: probability of zeroing an attention weight in training.
-        num_heads: number of heads.
-        qkv_bias: add a bias to the query, key and value projections.
+    The family's constructor, shapes and canonical state dict: `attention.causal.CausalSelfAttention`.
     """
 
     position_encoding = None
 
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__()
-        check_init_args(d_in, d_out, context_length, dropout, num_heads)
-        self.d_in, self.d_out, self.context_length = d_in, d_out, context_length
-        self.num_heads, self.head_dim, self.qkv_bias = num_heads, d_out // num_heads, qkv_bias
-        self.query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.out = nn.Linear(d_out, d_out)
+        init_sizes(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias)
+        init_projections(self, d_in, d_out, qkv_bias)  # query, key, value: d_in -> d_out; out: d_out -> d_out
         self.dropout = nn.Dropout(dropout)
         # True = attend. Not saved in the state dict: it is derived from context_length.
         causal_mask = torch.ones(context_length, context_length, dtype=torch.bool).tril()
@@ -43,12 +32,9 @@ class SplitHeadsAttention(nn.Module):
     def forward(self, x):
         check_input(x, self.d_in, self.context_length)
         B, T, C = x.shape
-        H, D = self.num_heads, self.head_dim
-        q = self.query(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        k = self.key(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        v = self.value(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        q, k, v = project_heads(self, x)  # (B, H, T, D) each: x @ W^T, then heads split off the features
 
-        scores = q @ k.transpose(-2, -1) / math.sqrt(D)  # (B, H, T, T)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, T, T)
         scores = scores.masked_fill(~self.causal_mask[:T, :T], float("-inf"))
         attn_weights = torch.softmax(scores, dim=-1)  # (B, H, T, T): each query's row sums to 1
         attn_weights = self.dropout(attn_weights)
@@ -58,14 +44,38 @@ class SplitHeadsAttention(nn.Module):
         return self.out(context)  # (B, T, d_out)
 
     def canonical_state_dict(self):
-        """Weights under the names every implementation shares (see `load_canonical_state_dict`)."""
+        """The weights under the names every implementation shares (`attention.causal.CausalSelfAttention`)."""
         return {name: tensor.detach().clone() for name, tensor in self.state_dict().items()}
 
     def load_canonical_state_dict(self, state):
-        """Load `query/key/value.weight` `(d_out, d_in)`, `out.weight` `(d_out, d_out)`, `out.bias`
-        `(d_out,)`, and `query/key/value.bias` `(d_out,)` when `qkv_bias=True`."""
+        """Load the canonical state dict (`attention.causal.CausalSelfAttention`)."""
         check_canonical_state(state, self.d_in, self.d_out, self.qkv_bias)
         self.load_state_dict(state)
+
+
+def init_sizes(module, d_in, d_out, context_length, dropout, num_heads, qkv_bias):
+    """Check the family's constructor arguments (clear errors) and keep the sizes on `module`."""
+    check_init_args(d_in, d_out, context_length, dropout, num_heads)
+    module.d_in, module.d_out, module.context_length = d_in, d_out, context_length
+    module.num_heads, module.head_dim, module.qkv_bias = num_heads, d_out // num_heads, qkv_bias
+
+
+def init_projections(module, d_in, d_out, qkv_bias):
+    """Give `module` its query, key and value projections `d_in -> d_out` and its output projection."""
+    module.query = nn.Linear(d_in, d_out, bias=qkv_bias)
+    module.key = nn.Linear(d_in, d_out, bias=qkv_bias)
+    module.value = nn.Linear(d_in, d_out, bias=qkv_bias)
+    module.out = nn.Linear(d_out, d_out)
+
+
+def project_heads(module, x):
+    """The queries, keys and values of `x` `(B, T, d_in)`, each split into heads: `(B, H, T, D)`."""
+    B, T, C = x.shape
+    H, D = module.num_heads, module.head_dim
+    q = module.query(x).view(B, T, H, D).transpose(1, 2)  # (B, T, d_out) -> (B, T, H, D) -> (B, H, T, D)
+    k = module.key(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+    v = module.value(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+    return q, k, v
 
 
 def check_init_args(d_in, d_out, context_length, dropout, num_heads):

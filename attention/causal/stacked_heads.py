@@ -1,10 +1,9 @@
 """Causal multi-head attention as a stack of independent single-head modules.
 
 The most literal reading of "multi-head": build `num_heads` single-head causal attention modules,
-run them one after another, concatenate their outputs and project. It is the clearest to read and
-the slowest to run, since every head is its own small matmul (chapter 3 of *Build a Large Language
-Model (From Scratch)*). Unlike the widely copied version, it adds the output projection that every
-other implementation has, so weights move between them.
+run them one after another, concatenate their outputs and project (chapter 3 of *Build a Large
+Language Model (From Scratch)*). It is the clearest to read; every head is its own small matmul.
+It ends in the output projection every other implementation has, so weights move between them.
 """
 
 import math
@@ -37,22 +36,17 @@ class CausalHead(nn.Module):
 class StackedHeadsAttention(nn.Module):
     """Causal multi-head self-attention from `num_heads` separate `CausalHead`s: `(B, T, d_in) -> (B, T, d_out)`.
 
+    The family's constructor, shapes and canonical state dict: `attention.causal.CausalSelfAttention`.
+
     Args:
-        d_in: features of the input `x`.
         d_out: features of the output; each head produces `d_out // num_heads` of them.
-        context_length: longest sequence accepted.
-        dropout: probability of zeroing an attention weight in training.
-        num_heads: number of heads.
-        qkv_bias: add a bias to the query, key and value projections.
     """
 
     position_encoding = None
 
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__()
-        check_init_args(d_in, d_out, context_length, dropout, num_heads)
-        self.d_in, self.d_out, self.context_length = d_in, d_out, context_length
-        self.num_heads, self.head_dim, self.qkv_bias = num_heads, d_out // num_heads, qkv_bias
+        init_sizes(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias)
         self.heads = nn.ModuleList(
             CausalHead(d_in, self.head_dim, context_length, dropout, qkv_bias) for _ in range(num_heads)
         )
@@ -74,7 +68,7 @@ class StackedHeadsAttention(nn.Module):
         return state
 
     def load_canonical_state_dict(self, state):
-        """Load the shared form: see `SplitHeadsAttention.load_canonical_state_dict`."""
+        """Load the canonical state dict (`attention.causal.CausalSelfAttention`)."""
         check_canonical_state(state, self.d_in, self.d_out, self.qkv_bias)
         with torch.no_grad():
             self.out.weight.copy_(state["out.weight"])
@@ -86,6 +80,14 @@ class StackedHeadsAttention(nn.Module):
                     getattr(head, proj).weight.copy_(weight)
                     if bias is not None:
                         getattr(head, proj).bias.copy_(bias)
+
+
+# Same as attention/causal/split_heads.py::init_sizes
+def init_sizes(module, d_in, d_out, context_length, dropout, num_heads, qkv_bias):
+    """Check the family's constructor arguments (clear errors) and keep the sizes on `module`."""
+    check_init_args(d_in, d_out, context_length, dropout, num_heads)
+    module.d_in, module.d_out, module.context_length = d_in, d_out, context_length
+    module.num_heads, module.head_dim, module.qkv_bias = num_heads, d_out // num_heads, qkv_bias
 
 
 # Same as attention/causal/split_heads.py::check_init_args

@@ -4,8 +4,7 @@ Two things differ from the rest of this package and trip people up:
 
 * `nn.MultiheadAttention` reads a boolean `attn_mask` the other way round: True = *masked*. This
   wrapper keeps our convention (True = attend) in `causal_mask` and inverts it at the call.
-* It already ends in its own output projection (`out_proj`). A widely copied wrapper added a
-  second `nn.Linear` after it, so the module applied two output projections; this one does not.
+* It already ends in its own output projection (`out_proj`), so this wrapper adds none.
 
 `need_weights=True` makes PyTorch compute and return the `(B, T, T)` weights, which forces the
 unfused path; `need_weights=False` lets it call the fused SDPA kernels. Both are registered,
@@ -24,12 +23,11 @@ class TorchMultiheadAttention(nn.Module):
     `nn.MultiheadAttention` projects the query from `embed_dim` features, so `d_in` must equal
     `d_out`; a different `d_in` raises `ValueError`.
 
+    The family's constructor, shapes and canonical state dict: `attention.causal.CausalSelfAttention`.
+
     Args:
         d_in: features of the input `x`; must equal `d_out`.
         d_out: features of the output (`embed_dim`).
-        context_length: longest sequence accepted; sizes the `causal_mask` buffer.
-        dropout: probability of zeroing an attention weight in training.
-        num_heads: number of heads.
         qkv_bias: add a bias to the query, key and value projections (`in_proj_bias`).
     """
 
@@ -74,7 +72,7 @@ class TorchMultiheadAttention(nn.Module):
         return state
 
     def load_canonical_state_dict(self, state):
-        """Load the shared form: see `SplitHeadsAttention.load_canonical_state_dict`."""
+        """Load the canonical state dict (`attention.causal.CausalSelfAttention`)."""
         check_canonical_state(state, self.d_in, self.d_out, self.qkv_bias)
         with torch.no_grad():
             self.mha.in_proj_weight.copy_(torch.cat([state["query.weight"], state["key.weight"], state["value.weight"]]))

@@ -10,6 +10,8 @@ shaped to broadcast against each other, so the same predicate yields a whole `(T
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
 
+from attention.checks import check_int
+
 
 def dense_mask(mask_mod, q_len, kv_len, device=None, batch=None, heads=None):
     """Evaluate `mask_mod` on every (query, key) pair at once.
@@ -26,8 +28,8 @@ def dense_mask(mask_mod, q_len, kv_len, device=None, batch=None, heads=None):
         Boolean tensor, True = attend: `(Tq, Tk)` when neither `batch` nor `heads` is given (then
         `b` and `h` are 0), else `(B, H, Tq, Tk)` with B or H equal to 1 where not given.
     """
-    check_length("q_len", q_len)
-    check_length("kv_len", kv_len)
+    check_int("q_len", q_len)
+    check_int("kv_len", kv_len)
     q_idx = torch.arange(q_len, device=device)  # (Tq,)
     kv_idx = torch.arange(kv_len, device=device)  # (Tk,)
     if batch is None and heads is None:
@@ -36,8 +38,8 @@ def dense_mask(mask_mod, q_len, kv_len, device=None, batch=None, heads=None):
         return torch.as_tensor(mask, device=device).to(torch.bool).expand(q_len, kv_len).contiguous()
     B = 1 if batch is None else batch
     H = 1 if heads is None else heads
-    check_length("batch", B)
-    check_length("heads", H)
+    check_int("batch", B)
+    check_int("heads", H)
     b = torch.arange(B, device=device).view(B, 1, 1, 1)  # (B, 1, 1, 1)
     h = torch.arange(H, device=device).view(1, H, 1, 1)  # (1, H, 1, 1)
     mask = mask_mod(b, h, q_idx.view(1, 1, q_len, 1), kv_idx.view(1, 1, 1, kv_len))  # broadcasts to (B, H, Tq, Tk)
@@ -58,8 +60,8 @@ def block_mask(mask_mod, q_len, kv_len, device, B=None, H=None):
     Returns:
         A `torch.nn.attention.flex_attention.BlockMask` for `flex_attention(..., block_mask=...)`.
     """
-    check_length("q_len", q_len)
-    check_length("kv_len", kv_len)
+    check_int("q_len", q_len)
+    check_int("kv_len", kv_len)
     return create_block_mask(mask_mod, B=B, H=H, Q_LEN=q_len, KV_LEN=kv_len, device=device)
 
 
@@ -97,12 +99,6 @@ def or_masks(*mask_mods):
     return mask_mod
 
 
-def check_length(name, value):
-    """Raise a clear error unless `value` is a positive int."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {name}={value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {name}={value}")
 
 
 def check_mask_mods(combinator, mask_mods):

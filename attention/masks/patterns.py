@@ -9,6 +9,8 @@ the start of the sequence (top-left alignment, as in `F.scaled_dot_product_atten
 
 import torch
 
+from attention.checks import check_index_tensor, check_int
+
 
 def causal(b, h, q_idx, kv_idx):
     """Query i attends to keys j <= i (decoder self-attention)."""
@@ -21,7 +23,7 @@ def sliding_window(window_size):
     Keys `i - window_size < j <= i` (Longformer's and Mistral's causal local attention,
     https://arxiv.org/abs/2004.05150). `window_size=1` attends to itself only.
     """
-    check_positive_int("window_size", window_size)
+    check_int("window_size", window_size)
 
     def mask_mod(b, h, q_idx, kv_idx):
         return (q_idx >= kv_idx) & (q_idx - kv_idx < window_size)
@@ -35,7 +37,7 @@ def local_window(radius):
 
     `2 * radius + 1` keys away from the edges; `radius=0` attends to itself only.
     """
-    check_non_negative_int("radius", radius)
+    check_int("radius", radius, minimum=0)
 
     def mask_mod(b, h, q_idx, kv_idx):
         return (q_idx - kv_idx).abs() <= radius
@@ -50,7 +52,7 @@ def strided(stride):
     Every `stride`-th key counting back from the query, itself included: the "strided" head of the
     Sparse Transformer (Child et al., 2019, https://arxiv.org/abs/1904.10509, section 4.2).
     """
-    check_positive_int("stride", stride)
+    check_int("stride", stride)
 
     def mask_mod(b, h, q_idx, kv_idx):
         return (q_idx >= kv_idx) & ((q_idx - kv_idx) % stride == 0)
@@ -66,7 +68,7 @@ def sparse_transformer_strided(stride):
     `stride` back (`strided(stride)`). With `stride ~ sqrt(T)` every query reaches every earlier key
     in two steps (Child et al., 2019, https://arxiv.org/abs/1904.10509, figure 3b).
     """
-    check_positive_int("stride", stride)
+    check_int("stride", stride)
 
     def mask_mod(b, h, q_idx, kv_idx):
         distance = q_idx - kv_idx
@@ -83,8 +85,8 @@ def sparse_transformer_fixed(block_size, num_summary=1):
     last `num_summary` keys of every block (`j % block_size >= block_size - num_summary`), which carry
     information between blocks (Child et al., 2019, https://arxiv.org/abs/1904.10509, figure 3c).
     """
-    check_positive_int("block_size", block_size)
-    check_positive_int("num_summary", num_summary)
+    check_int("block_size", block_size)
+    check_int("num_summary", num_summary)
     if num_summary > block_size:
         raise ValueError(f"num_summary must be at most block_size={block_size}, got num_summary={num_summary}")
 
@@ -109,10 +111,10 @@ def bigbird(radius, num_global, num_random, max_len, seed=0, device=None):
     device. Sequences must be at most `max_len` long; a random key drawn at or past a shorter
     `kv_len` is simply absent. Combine with `causal` through `and_masks` for a decoder.
     """
-    check_non_negative_int("radius", radius)
-    check_non_negative_int("num_global", num_global)
-    check_non_negative_int("num_random", num_random)
-    check_positive_int("max_len", max_len)
+    check_int("radius", radius, minimum=0)
+    check_int("num_global", num_global, minimum=0)
+    check_int("num_random", num_random, minimum=0)
+    check_int("max_len", max_len)
     if num_random > max_len:
         raise ValueError(f"num_random must be at most max_len={max_len}, got num_random={num_random}")
     generator = torch.Generator().manual_seed(seed)
@@ -168,7 +170,7 @@ def prefix_lm(prefix_length):
 
         mask_mod.__name__ = "prefix_lm"
         return mask_mod
-    check_non_negative_int("prefix_length", prefix_length)
+    check_int("prefix_length", prefix_length, minimum=0)
 
     def mask_mod(b, h, q_idx, kv_idx):
         return (kv_idx < prefix_length) | (q_idx >= kv_idx)
@@ -195,29 +197,3 @@ def document(document_ids):
 
     mask_mod.__name__ = "document"
     return mask_mod
-
-
-def check_positive_int(name, value):
-    """Raise a clear error unless `value` is an int >= 1."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {name}={value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be positive, got {name}={value}")
-
-
-def check_non_negative_int(name, value):
-    """Raise a clear error unless `value` is an int >= 0."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {name}={value!r}")
-    if value < 0:
-        raise ValueError(f"{name} must be non-negative, got {name}={value}")
-
-
-def check_index_tensor(name, value, dims):
-    """Raise a clear error unless `value` is an integer tensor with a number of dimensions in `dims`."""
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
-        raise TypeError(f"{name} must be an integer tensor, got {name}.dtype={value.dtype}")
-    if value.dim() not in dims:
-        raise ValueError(f"{name} must have {' or '.join(map(str, dims))} dimensions, got {name}.shape={tuple(value.shape)}")

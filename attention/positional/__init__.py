@@ -1,8 +1,9 @@
 """Position encodings: sinusoidal and learned absolute encodings, rotary embeddings, ALiBi biases.
 
-Each has one definition here; the attention modules that use one (`attention/causal/rope.py`,
-`attention/causal/alibi.py`, `attention/causal/alibi_flex.py`) carry marked copies of these
-functions so that each stays a single file importing only torch, and a test keeps the copies equal.
+Each has one definition here. The attention modules that use one and stay single files importing
+only torch (`attention/causal/rope.py`, `attention/causal/alibi.py`, `attention/general.py`) carry
+marked copies of these functions, which a test keeps equal; `attention/causal/alibi_flex.py`
+imports them.
 """
 
 from attention.positional.alibi import alibi_bias, alibi_score_mod, alibi_slopes

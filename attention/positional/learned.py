@@ -7,6 +7,8 @@ vector, so `LearnedPositionalEmbedding` raises instead of wrapping or truncating
 import torch
 from torch import nn
 
+from attention.checks import check_int
+
 
 class LearnedPositionalEmbedding(nn.Module):
     """Adds a learned vector per position to `x`: `(B, T, dim) -> (B, T, dim)`.
@@ -21,18 +23,14 @@ class LearnedPositionalEmbedding(nn.Module):
 
     def __init__(self, max_len, dim):
         super().__init__()
-        for name, value in (("max_len", max_len), ("dim", dim)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {name}={value!r}")
-            if value <= 0:
-                raise ValueError(f"{name} must be positive, got {name}={value}")
+        check_int("max_len", max_len)
+        check_int("dim", dim)
         self.max_len, self.dim = max_len, dim
         self.weight = nn.Parameter(torch.randn(max_len, dim) * 0.02)
 
     def forward(self, x, offset=0):
         """Return `x + weight[offset : offset + T]` for `x` of shape `(B, T, dim)`."""
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"offset must be a non-negative int, got offset={offset!r}")
+        check_int("offset", offset, minimum=0)
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must have shape (B, T, dim={self.dim}), got x.shape={tuple(x.shape)}")
         T = x.shape[1]

@@ -12,8 +12,9 @@ same attention scores up to a fixed permutation of the weights. A rotation keeps
 import torch
 from torch import nn
 
+from attention.checks import check_int
 
-# Same as attention/general.py::rotary_cos_sin
+
 def rotary_cos_sin(seq_len, head_dim, base, device, dtype):
     """Cosines and sines of the rotary angles `position * base ** (-2i / head_dim)`, each `(seq_len, head_dim)`.
 
@@ -26,14 +27,12 @@ def rotary_cos_sin(seq_len, head_dim, base, device, dtype):
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-# Same as attention/general.py::rotate_half
 def rotate_half(x):
     """`(x1, x2) -> (-x2, x1)` on the two halves of the last dimension."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([-x2, x1], dim=-1)
 
 
-# Same as attention/general.py::apply_rotary
 def apply_rotary(x, cos, sin):
     """Rotate each pair `(x[..., i], x[..., i + D/2])` of `(B, H, T, D)` `x` by its position's angle."""
     return x * cos + rotate_half(x) * sin  # (B, H, T, D)
@@ -41,10 +40,8 @@ def apply_rotary(x, cos, sin):
 
 def rotary_angles(seq_len, head_dim, base=10000.0):
     """The rotation angle in radians of pair i at position t, `t * base ** (-2i / head_dim)`: `(seq_len, head_dim / 2)`, float64."""
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2 != 0:
-        raise ValueError(f"head_dim must be a positive even int, got head_dim={head_dim!r}")
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 0:
-        raise ValueError(f"seq_len must be a non-negative int, got seq_len={seq_len!r}")
+    check_head_dim(head_dim)
+    check_int("seq_len", seq_len, minimum=0)
     inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (D/2,)
     return torch.arange(seq_len, dtype=torch.float64)[:, None] * inv_freq[None, :]  # (T, D/2)
 
@@ -69,8 +66,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim, base=10000.0):
         super().__init__()
-        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2 != 0:
-            raise ValueError(f"head_dim must be a positive even int, got head_dim={head_dim!r}")
+        check_head_dim(head_dim)
         if not base > 0:
             raise ValueError(f"base must be positive, got base={base}")
         self.head_dim, self.base = head_dim, float(base)
@@ -86,9 +82,15 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, x, offset=0):
         """Return `x` `(B, H, T, head_dim)` rotated by positions starting at `offset`."""
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"offset must be a non-negative int, got offset={offset!r}")
+        check_int("offset", offset, minimum=0)
         if x.dim() < 2 or x.shape[-1] != self.head_dim:
             raise ValueError(f"x must have shape (..., T, head_dim={self.head_dim}), got x.shape={tuple(x.shape)}")
         cos, sin = self.cos_sin(x.shape[-2], x.device, x.dtype, offset)
         return apply_rotary(x, cos, sin)  # (B, H, T, D)
+
+
+def check_head_dim(head_dim):
+    """Raise a clear error unless `head_dim` is a positive even int (RoPE rotates pairs of features)."""
+    check_int("head_dim", head_dim)
+    if head_dim % 2 != 0:
+        raise ValueError(f"head_dim must be a positive even int, got head_dim={head_dim!r}")

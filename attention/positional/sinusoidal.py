@@ -8,6 +8,8 @@ one turn every `2 * pi * base` positions. Nothing is learned, so any length work
 import torch
 from torch import nn
 
+from attention.checks import check_int
+
 
 def sinusoidal_table(num_positions, dim, base=10000.0, device=None, dtype=torch.float32):
     """The sinusoidal encodings of positions `0 .. num_positions - 1`, `(num_positions, dim)`.
@@ -59,11 +61,3 @@ class SinusoidalPositionalEncoding(nn.Module):
         T = x.shape[1]
         table = sinusoidal_table(offset + T, self.dim, self.base, x.device, x.dtype)[offset:]  # (T, dim)
         return x + table  # (B, T, dim)
-
-
-def check_int(name, value, minimum):
-    """Raise a clear error unless `value` is an int >= `minimum`."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {name}={value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {name}={value}")

@@ -15,7 +15,8 @@
 * `on_page_markdown` replaces `<!-- benchmark-tabs -->` in `benchmarks.md` with one content tab per
   device (CPU this build, CPU recorded, NVIDIA CUDA, Apple MPS), each with its provenance, tables
   and charts, and `<!-- headline-charts -->` in `index.md` with one headline chart per device.
-  A device with no recorded run says how to produce one.
+  A device with no recorded run says how to produce one. It also replaces `<!-- row-fields -->` in
+  `benchmark-schema.md` with the table of the result rows' fields, written from their type.
 """
 
 import logging
@@ -207,6 +208,10 @@ def headline_charts():
 
 
 def on_page_markdown(markdown, page, config, files):
+    if page.file.src_uri == "benchmark-schema.md":
+        from attention.bench import render
+
+        return markdown.replace("<!-- row-fields -->", render.row_fields_table())
     if page.file.src_uri == "benchmarks.md":
         return markdown.replace("<!-- benchmark-tabs -->", benchmark_tabs())
     if page.file.src_uri == "index.md":
