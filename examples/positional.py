@@ -22,7 +22,6 @@ from attention.plotting import plot_alibi, plot_attention_weights, plot_learned,
 from attention.positional import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,
-    alibi_bias,
     alibi_slopes,
     sinusoidal_table,
 )

@@ -101,6 +101,8 @@ with torch.no_grad():
 
 # %%
 T = 16
+positions = torch.arange(T)
+ours_mask = positions[:, None] >= positions[None, :]  # (T, T), as sdpa_mask builds it: True = attend
 copied_mask = torch.triu(torch.ones(T, T), diagonal=1).bool()  # True above the diagonal
 print("copied mask, first 4 x 4 (1 = attend, as SDPA reads it):")
 print(copied_mask[:4, :4].int())
@@ -108,7 +110,6 @@ with torch.no_grad():
     q = causal.query(x).view(2, T, 4, 8).transpose(1, 2)  # (B, H, T, D)
     k = causal.key(x).view(2, T, 4, 8).transpose(1, 2)  # (B, H, T, D)
     v = causal.value(x).view(2, T, 4, 8).transpose(1, 2)  # (B, H, T, D)
-    ours_mask = masked.causal_mask[:T, :T]  # (T, T), tril: True = attend
     for label, mask in (("ours: tril", ours_mask), ("copied: triu(diagonal=1)", copied_mask)):
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, T, D)
         out = causal.out(context.transpose(1, 2).reshape(2, T, 32))
@@ -126,11 +127,11 @@ with torch.no_grad():
 
 # %%
 with torch.no_grad():
-    float_mask = masked.causal_mask[:T, :T].float()  # 1.0 = "attend"?  No: +1.0 to the score
+    float_mask = ours_mask.float()  # 1.0 = "attend"?  No: +1.0 to the score
     context = F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask)
     out = causal.out(context.transpose(1, 2).reshape(2, T, 32))
 print(f"0/1 float mask: max |out - reference| = {(out.double() - expected).abs().max().item():.2e}")
-additive_mask = torch.zeros(T, T).masked_fill(~masked.causal_mask[:T, :T], float("-inf"))
+additive_mask = torch.zeros(T, T).masked_fill(~ours_mask, float("-inf"))
 with torch.no_grad():
     context = F.scaled_dot_product_attention(q, k, v, attn_mask=additive_mask)
     out = causal.out(context.transpose(1, 2).reshape(2, T, 32))

@@ -26,7 +26,7 @@ import math
 import torch
 
 from attention.causal.fused_qkv import FusedQKVAttention
-from attention.causal.split_heads import SplitHeadsAttention, init_projections, project_heads
+from attention.causal.split_heads import SplitHeadsAttention, init_family, project_heads
 from attention.display import show_shape, show_source
 from attention.reference import reference_causal_self_attention
 
@@ -87,7 +87,7 @@ print("fused.qkv.weight:", tuple(fused.qkv.weight.shape), "= query, key and valu
 # %%
 show_source(SplitHeadsAttention.__init__)
 show_source(SplitHeadsAttention.forward)
-show_source(init_projections)
+show_source(init_family)
 show_source(project_heads)
 
 # %%

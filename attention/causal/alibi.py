@@ -27,10 +27,10 @@ class ALiBiAttention(nn.Module):
 
     position_encoding = "alibi"
 
+    # Same as attention/causal/sdpa_causal.py::SDPACausalAttention.__init__
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__()
-        init_sizes(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias)
-        init_projections(self, d_in, d_out, qkv_bias)  # query, key, value: d_in -> d_out; out: d_out -> d_out
+        init_family(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias)  # sizes, q/k/v/out projections
         self.dropout_p = dropout  # a probability: SDPA applies it itself
 
     def forward(self, x):
@@ -117,9 +117,10 @@ def init_sizes(module, d_in, d_out, context_length, dropout, num_heads, qkv_bias
     module.num_heads, module.head_dim, module.qkv_bias = num_heads, d_out // num_heads, qkv_bias
 
 
-# Same as attention/causal/split_heads.py::init_projections
-def init_projections(module, d_in, d_out, qkv_bias):
-    """Give `module` its query, key and value projections `d_in -> d_out` and its output projection."""
+# Same as attention/causal/split_heads.py::init_family
+def init_family(module, d_in, d_out, context_length, dropout, num_heads, qkv_bias):
+    """`init_sizes`, then the query, key and value projections `d_in -> d_out` and the output projection."""
+    init_sizes(module, d_in, d_out, context_length, dropout, num_heads, qkv_bias)
     module.query = nn.Linear(d_in, d_out, bias=qkv_bias)
     module.key = nn.Linear(d_in, d_out, bias=qkv_bias)
     module.value = nn.Linear(d_in, d_out, bias=qkv_bias)

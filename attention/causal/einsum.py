@@ -19,17 +19,20 @@ class EinsumAttention(nn.Module):
 
     position_encoding = None
 
+    # Same as attention/causal/split_heads.py::SplitHeadsAttention.__init__
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__()
-        init_sizes(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias)
-        # Linear layers only hold the parameters (and their usual initialisation); einsum applies them.
-        init_projections(self, d_in, d_out, qkv_bias)  # query, key, value: d_in -> d_out; out: d_out -> d_out
+        init_family(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias)  # sizes, q/k/v/out projections
         self.dropout = nn.Dropout(dropout)
-        causal_mask = torch.ones(context_length, context_length, dtype=torch.bool).tril()  # True = attend
+        # True = attend. Not saved in the state dict: it is derived from context_length.
+        causal_mask = torch.ones(context_length, context_length, dtype=torch.bool).tril()
         self.register_buffer("causal_mask", causal_mask, persistent=False)
 
     def project_heads(self, x, layer):
-        """`(B, T, d_in) -> (B, H, T, D)` through `layer`'s weight viewed as `(H, D, d_in)`."""
+        """`(B, T, d_in) -> (B, H, T, D)` through `layer`'s weight viewed as `(H, D, d_in)`.
+
+        The `nn.Linear` layers only hold the parameters (and their usual initialisation); einsum applies them.
+        """
         weight = layer.weight.view(self.num_heads, self.head_dim, self.d_in)  # (H, D, C)
         projected = torch.einsum("btc,hdc->bhtd", x, weight)  # (B, H, T, D)
         if layer.bias is not None:
@@ -71,9 +74,10 @@ def init_sizes(module, d_in, d_out, context_length, dropout, num_heads, qkv_bias
     module.num_heads, module.head_dim, module.qkv_bias = num_heads, d_out // num_heads, qkv_bias
 
 
-# Same as attention/causal/split_heads.py::init_projections
-def init_projections(module, d_in, d_out, qkv_bias):
-    """Give `module` its query, key and value projections `d_in -> d_out` and its output projection."""
+# Same as attention/causal/split_heads.py::init_family
+def init_family(module, d_in, d_out, context_length, dropout, num_heads, qkv_bias):
+    """`init_sizes`, then the query, key and value projections `d_in -> d_out` and the output projection."""
+    init_sizes(module, d_in, d_out, context_length, dropout, num_heads, qkv_bias)
     module.query = nn.Linear(d_in, d_out, bias=qkv_bias)
     module.key = nn.Linear(d_in, d_out, bias=qkv_bias)
     module.value = nn.Linear(d_in, d_out, bias=qkv_bias)

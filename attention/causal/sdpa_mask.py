@@ -1,7 +1,8 @@
 """Causal multi-head self-attention through `F.scaled_dot_product_attention` with a boolean mask.
 
-For a boolean `attn_mask`, SDPA reads True as "take part in attention", so `causal_mask` is
-lower-triangular: True = attend (the SDPA page's pitfalls show the upper-triangular mistake).
+For a boolean `attn_mask`, SDPA reads True as "take part in attention", so the mask, built for the
+actual length from index comparisons, is lower-triangular: True = attend (the SDPA page's pitfalls
+show the upper-triangular mistake).
 An explicit mask keeps the fused kernels open to any pattern (windows, padding), at the cost of
 the block skipping that `is_causal=True` allows; on CUDA it also rules out the FlashAttention
 kernel, which takes no arbitrary mask.
@@ -20,20 +21,19 @@ class SDPAMaskAttention(nn.Module):
 
     position_encoding = None
 
+    # Same as attention/causal/sdpa_causal.py::SDPACausalAttention.__init__
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__()
-        init_sizes(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias)
-        init_projections(self, d_in, d_out, qkv_bias)  # query, key, value: d_in -> d_out; out: d_out -> d_out
+        init_family(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias)  # sizes, q/k/v/out projections
         self.dropout_p = dropout  # a probability: SDPA applies it itself
-        causal_mask = torch.ones(context_length, context_length, dtype=torch.bool).tril()  # True = attend
-        self.register_buffer("causal_mask", causal_mask, persistent=False)
 
     def forward(self, x):
         check_input(x, self.d_in, self.context_length)
         B, T, C = x.shape
         q, k, v = project_heads(self, x)  # (B, H, T, D) each
         dropout_p = self.dropout_p if self.training else 0.0
-        attn_mask = self.causal_mask[:T, :T]  # (T, T), True = attend; broadcasts over B and H
+        positions = torch.arange(T, device=x.device)
+        attn_mask = positions[:, None] >= positions[None, :]  # (T, T), True = attend; broadcasts over B and H
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)  # (B, H, T, D)
         context = context.transpose(1, 2).reshape(B, T, self.d_out)  # (B, T, H*D)
         return self.out(context)  # (B, T, d_out)
@@ -58,9 +58,10 @@ def init_sizes(module, d_in, d_out, context_length, dropout, num_heads, qkv_bias
     module.num_heads, module.head_dim, module.qkv_bias = num_heads, d_out // num_heads, qkv_bias
 
 
-# Same as attention/causal/split_heads.py::init_projections
-def init_projections(module, d_in, d_out, qkv_bias):
-    """Give `module` its query, key and value projections `d_in -> d_out` and its output projection."""
+# Same as attention/causal/split_heads.py::init_family
+def init_family(module, d_in, d_out, context_length, dropout, num_heads, qkv_bias):
+    """`init_sizes`, then the query, key and value projections `d_in -> d_out` and the output projection."""
+    init_sizes(module, d_in, d_out, context_length, dropout, num_heads, qkv_bias)
     module.query = nn.Linear(d_in, d_out, bias=qkv_bias)
     module.key = nn.Linear(d_in, d_out, bias=qkv_bias)
     module.value = nn.Linear(d_in, d_out, bias=qkv_bias)
