@@ -49,7 +49,7 @@ def figure_png(fig, pixel_ratio=PIXEL_RATIO):
 
 def figure_alt(fig):
     """A figure's alt text: its suptitle, else the titles of its panels (colour bars left out)."""
-    suptitle = fig.get_suptitle() if hasattr(fig, "get_suptitle") else ""
+    suptitle = fig.get_suptitle()
     titles = [ax.get_title() for ax in fig.axes if ax.get_label() != "<colorbar>" and ax.get_title()]
     text = suptitle or "; ".join(dict.fromkeys(titles)) or "figure"
     return " ".join(text.split())  # one line: titles may hold newlines

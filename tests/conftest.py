@@ -15,6 +15,11 @@ DOCS_BUILD_TIMEOUT_S = 20 * 60  # a hung notebook cell must not hang CI
 SCRIPT_TIMEOUT_S = 600
 
 
+def script_env():
+    """The environment an example script runs in: no display (Agg), the package from this checkout."""
+    return {**os.environ, "MPLBACKEND": "Agg", "PYTHONPATH": str(ROOT)}
+
+
 @dataclasses.dataclass
 class ExampleRun:
     command: str
@@ -35,7 +40,7 @@ def run_example(tmp_path_factory):
         if script.name not in runs:
             counts = tmp_path_factory.mktemp("example-run") / "counts.json"
             command = [sys.executable, str(ROOT / "tests" / "run_example.py"), str(script.relative_to(ROOT)), str(counts)]
-            env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONPATH": str(ROOT)}
+            env = script_env()
             env.pop("ATTENTION_BENCH_QUICK_RESULT", None)  # as a reader runs it: measure afresh
             result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S)
             figures = json.loads(counts.read_text())["figures"] if counts.exists() else None

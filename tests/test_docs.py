@@ -25,21 +25,17 @@ import textwrap
 
 import pytest
 import yaml
+from conftest import SCRIPT_TIMEOUT_S, script_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 PAGES = sorted(path for path in (ROOT / "docs").rglob("*.md") if "_hooks" not in path.parts)
 HOOK = ROOT / "docs" / "_hooks" / "examples.py"
-SCRIPT_TIMEOUT_S = 600
 # examples/benchmark.py runs the benchmark's quick profile (minutes on a small CPU): a slow test.
 SLOW_SCRIPTS = {"benchmark.py"}
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<ticks>```+)[ \t]*(?P<info>[^\n`]*)\n(?P<body>.*?)^(?P=indent)(?P=ticks)[ \t]*$",
                    re.MULTILINE | re.DOTALL)
 SKIP_MARK = "# skip-test"
-
-
-def script_env():
-    return {**os.environ, "MPLBACKEND": "Agg", "PYTHONPATH": str(ROOT)}
 
 
 @pytest.mark.parametrize("script", [
@@ -182,7 +178,10 @@ def test_serve_reuses_a_cached_quick_run_and_never_measures(tmp_path, monkeypatc
     monkeypatch.setattr(hook, "run_quick_benchmark", lambda root, out: measured.append(out))
     hook.on_pre_build(config)  # nothing cached: no run, an empty tab that says how to fill it
     assert measured == [] and hook.state["build_result"] is None
-    assert pathlib.Path(os.environ[hook.ENV_VAR]).parent == tmp_path / "docs" / "results"
+    shown = pathlib.Path(os.environ[hook.ENV_VAR])  # the newest recorded CPU run, by its recorded date
+    assert shown.parent == tmp_path / "docs" / "results"
+    cpu_dates = [result["provenance"]["date_utc"] for _, result in hook.state["recorded"] if result["device_type"] == "cpu"]
+    assert json.loads(shown.read_text())["provenance"]["date_utc"] == max(cpu_dates)
     # The recorded runs' charts, which the tabs show (on_files also adds them to the build).
     monkeypatch.setitem(hook.state, "charts", {path.stem: hook.chart_set(path.stem, result)
                                                for path, result in hook.state["recorded"]})

@@ -96,10 +96,11 @@ def on_pre_build(config):
         log.info("mkdocs serve does not run the quick benchmark and found none for the current sources, so "
                  "the 'CPU, this build' tab stays empty; `mkdocs build` measures one (about 1.5 minutes) "
                  "that serve then reuses until attention/ changes")
-        cpu_runs = [path for path, result in recorded if result["device_type"] == "cpu"]
+        cpu_runs = [(path, result) for path, result in recorded if result["device_type"] == "cpu"]
         state["build_result"] = None
-        if cpu_runs:
-            os.environ[ENV_VAR] = str(max(cpu_runs, key=lambda path: path.stat().st_mtime))
+        if cpu_runs:  # the newest by its recorded date (a fresh clone gives every file the same mtime)
+            newest, _ = max(cpu_runs, key=lambda item: item[1]["provenance"]["date_utc"])
+            os.environ[ENV_VAR] = str(newest)
         return
     os.environ[ENV_VAR] = str(out)
     state["build_result"] = render.load_result(out)
@@ -120,8 +121,11 @@ def chart_set(slug, result):
     if render.sweep_rows(result, "forward_backward"):
         charts["time_fb"] = (render.plot_time_vs_seq_len(result, "forward_backward"),
                              f"forward + backward time against sequence length, {device}")
-    rendered = {kind: (alt, *figure_png(fig)) for kind, (fig, alt) in charts.items()}
-    return {kind: (f"{ASSETS}/{slug}-{kind}.png", alt, png, width) for kind, (alt, png, width, _height) in rendered.items()}
+    chart_files = {}
+    for kind, (fig, alt) in charts.items():
+        png, width, _height = figure_png(fig)
+        chart_files[kind] = (f"{ASSETS}/{slug}-{kind}.png", alt, png, width)
+    return chart_files
 
 
 def on_files(files, config):
