@@ -66,8 +66,11 @@ class MultiHeadAttention(nn.Module):
             query: `(B, Tq, d_model)`.
             key: `(B, Tk, d_model)`; defaults to `query` (self-attention).
             value: `(B, Tk, d_model)`; defaults to `key`.
-            mask: boolean, True = attend, broadcastable as `(B or 1, H or 1, Tq, Tk)`, or `(Tq, Tk)`.
-                A query row with no key to attend to gets a zero output (and zero weights).
+            mask: boolean, True = attend, of any shape that broadcasts to `(B, H, Tq, Tk)` as in
+                `F.scaled_dot_product_attention`: `(Tq, Tk)`, a padding mask `(B, 1, 1, Tk)`,
+                `(B, 1, Tq, Tk)`, `(H, Tq, Tk)`... A `key_padding_mask`-style `(B, Tk)` tensor becomes
+                `mask[:, None, None, :]`. A query row with no key to attend to gets a zero output
+                (and zero weights).
             need_weights: also return the attention weights.
 
         Returns:
@@ -90,11 +93,11 @@ class MultiHeadAttention(nn.Module):
         attn_mask, row_has_key = None, None
         if mask is not None:
             self.check_mask(mask, query, B, Tq, Tk)
-            mask = mask if mask.dim() == 4 else mask[None, None]  # (B|1, H|1, Tq, Tk)
-            row_has_key = mask.any(dim=-1, keepdim=True)  # (B|1, H|1, Tq, 1)
+            mask = mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (B|1, H|1, Tq|1, Tk|1)
+            row_has_key = mask.any(dim=-1, keepdim=True)  # (B|1, H|1, Tq|1, 1)
             # A row with no key would softmax over nothing (NaN). Let it attend everywhere, then zero it:
             # the output is 0 and no NaN reaches the gradients.
-            attn_mask = mask | ~row_has_key  # (B|1, H|1, Tq, Tk)
+            attn_mask = mask | ~row_has_key  # (B|1, H|1, Tq|1, Tk|1)
 
         dropout_p = self.dropout_p if self.training else 0.0
         attn_weights = None
@@ -130,22 +133,23 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"query, key and value must be on one device, got {query.device}, {key.device}, {value.device}")
 
     def check_mask(self, mask, query, B, Tq, Tk):
-        """Raise a clear error unless `mask` is a boolean `(Tq, Tk)` or `(B|1, H|1, Tq, Tk)` on query's device."""
+        """Raise a clear error unless `mask` is boolean, on query's device, and broadcasts to `(B, H, Tq, Tk)`."""
         if not isinstance(mask, torch.Tensor):
             raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
         if mask.dtype != torch.bool:
             raise TypeError(f"mask must be a boolean tensor (True = attend), got mask.dtype={mask.dtype}")
         if mask.device != query.device:
             raise ValueError(f"mask must be on the query's device {query.device}, got mask.device={mask.device}")
-        expected = f"(Tq={Tq}, Tk={Tk}) or (B={B} or 1, H={self.num_heads} or 1, Tq={Tq}, Tk={Tk})"
-        if mask.dim() == 2:
-            ok = tuple(mask.shape) == (Tq, Tk)
-        elif mask.dim() == 4:
-            ok = mask.shape[0] in (1, B) and mask.shape[1] in (1, self.num_heads) and tuple(mask.shape[2:]) == (Tq, Tk)
-        else:
-            ok = False
-        if not ok:
-            raise ValueError(f"mask must have shape {expected}, got mask.shape={tuple(mask.shape)}")
+        target = (B, self.num_heads, Tq, Tk)
+        # Broadcasting may stretch a size-1 dimension of the mask, never one of the target.
+        fits = mask.dim() <= 4 and all(m in (1, t) for m, t in zip(reversed(mask.shape), reversed(target)))
+        if not fits:
+            hint = ""
+            if mask.dim() == 2 and tuple(mask.shape) == (B, Tk):
+                hint = "; a (B, Tk) key padding mask must be passed as mask[:, None, None, :]"
+            raise ValueError(
+                f"mask must broadcast to (B={B}, H={self.num_heads}, Tq={Tq}, Tk={Tk}), "
+                f"got mask.shape={tuple(mask.shape)}{hint}")
 
     def canonical_state_dict(self):
         """Weights as `query/key/value/out.weight` `(d_model, d_model)` and, with `bias`, `.bias` `(d_model,)`."""

@@ -44,8 +44,10 @@ def test_forward_rejects_bad_input(name, x, error, pattern):
 @pytest.mark.parametrize("mask,error,pattern", [
     (torch.ones(5, 6, dtype=torch.bool), ValueError, "got mask.shape=\\(5, 6\\)"),
     (torch.ones(2, 3, 4, 6, dtype=torch.bool), ValueError, "got mask.shape=\\(2, 3, 4, 6\\)"),
-    (torch.ones(3, 1, 4, 6, dtype=torch.bool), ValueError, "B=2 or 1"),
-    (torch.ones(4, 6, dtype=torch.bool)[None], ValueError, "got mask.shape=\\(1, 4, 6\\)"),
+    (torch.ones(3, 1, 4, 6, dtype=torch.bool), ValueError, "broadcast to \\(B=2, H=4, Tq=4, Tk=6\\)"),
+    (torch.ones(2, 6, dtype=torch.bool), ValueError, "\\(B, Tk\\) key padding mask must be passed as mask\\[:, None, None, :\\]"),
+    (torch.ones(1, 2, 1, 4, 6, dtype=torch.bool), ValueError, "got mask.shape=\\(1, 2, 1, 4, 6\\)"),
+    (torch.ones(2, 1, 1, 5, dtype=torch.bool), ValueError, "got mask.shape=\\(2, 1, 1, 5\\)"),
     (torch.ones(4, 6), TypeError, "mask.dtype=torch.float32"),
     (torch.ones(4, 6, dtype=torch.bool, device="meta"), ValueError, "mask.device=meta"),
     ([[True]], TypeError, "mask must be a torch.Tensor"),

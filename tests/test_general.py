@@ -25,6 +25,11 @@ MASK_SHAPES = {
     "B1TqTk": lambda B, H, Tq, Tk: (B, 1, Tq, Tk),
     "1HTqTk": lambda B, H, Tq, Tk: (1, H, Tq, Tk),
     "BHTqTk": lambda B, H, Tq, Tk: (B, H, Tq, Tk),
+    # Shapes that broadcast like SDPA's: a key padding mask, one row for every query, 3-D per head.
+    "B11Tk": lambda B, H, Tq, Tk: (B, 1, 1, Tk),
+    "Tk": lambda B, H, Tq, Tk: (Tk,),
+    "HTqTk": lambda B, H, Tq, Tk: (H, Tq, Tk),
+    "B1Tq1": lambda B, H, Tq, Tk: (B, 1, Tq, 1),
 }
 
 

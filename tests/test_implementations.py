@@ -4,6 +4,7 @@ Same weights (through the canonical state dict), fresh random inputs, forward ou
 gradients of the input and of every parameter, element by element.
 """
 
+import inspect
 import itertools
 
 import pytest
@@ -197,3 +198,22 @@ def test_every_class_keeps_the_family_contract(name):
     assert inspect.signature(cls.__init__).parameters["qkv_bias"].default is False
     assert cls.position_encoding in (None, "rope", "alibi")
     assert isinstance(cls(8, 8, 8, 0.0, 2), CausalSelfAttention)
+
+
+SDPA_NAMES = [name for name in IMPLEMENTATION_NAMES
+              if "F.scaled_dot_product_attention(" in inspect.getsource(inspect.getmodule(attention.IMPLEMENTATIONS[name]))]
+
+
+def test_sdpa_classes_are_found():
+    assert {"sdpa_causal", "sdpa_mask", "alibi", "rope"} <= set(SDPA_NAMES)
+
+
+@pytest.mark.parametrize("name", SDPA_NAMES)
+def test_sdpa_classes_take_the_fused_cpu_kernel(name):
+    # Pinned to the flash kernel, SDPA raises instead of falling back to math: a mask or bias of a shape
+    # the fused kernel refuses (a 3-D float bias, say) would fail here.
+    module = build(name, d_in=32, d_out=32, context_length=64, num_heads=4)
+    x = torch.randn(2, 64, 32, requires_grad=True)
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+        module(x).sum().backward()
+    assert x.grad is not None

@@ -40,6 +40,7 @@ def positive_int(text):
 
 
 def build_parser():
+    quick = quick_config()
     parser = argparse.ArgumentParser(
         prog="python -m attention.bench",
         description="Benchmark the registered causal self-attention implementations: each is checked against "
@@ -53,7 +54,8 @@ def build_parser():
                         help="forward, backward (= forward+backward) or both (default)")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile'd versions, as separate rows")
     parser.add_argument("--quick", action="store_true",
-                        help="the docs profile: batch 1, T=256..1024, short timing; explicit size options override it")
+                        help=f"the docs profile: batch {quick.sweep_batch}, T={','.join(map(str, quick.seq_lens))}, "
+                             "short timing; explicit size options override it")
     parser.add_argument("--batch", type=positive_int, help="headline batch size (default 8)")
     parser.add_argument("--seq-len", type=positive_int, help="headline sequence length (default 1024)")
     parser.add_argument("--seq-lens", type=seq_lens_argument,

@@ -4,7 +4,8 @@ ALiBi (Press et al., 2022, "Train Short, Test Long", https://arxiv.org/abs/2108.
 position vector to the inputs. Each head h adds `-m_h * (i - j)` to the score of query i and key j
 (`j <= i`), with slopes `m_h` from a fixed geometric sequence (1/2, 1/4, ..., 1/256 for 8 heads).
 The bias is built for the actual length on every call, with `-inf` above the diagonal, and passed
-to SDPA as a float `attn_mask`, so it also applies the causal mask.
+to SDPA as a `(1, H, T, T)` float `attn_mask`, so it also applies the causal mask; being 4-D, it is
+accepted by the fused CPU kernel (a 3-D bias would run the math kernel).
 """
 
 import math
@@ -38,7 +39,9 @@ class ALiBiAttention(nn.Module):
         B, T, C = x.shape
         H = self.num_heads
         q, k, v = project_heads(self, x)  # (B, H, T, D) each
-        attn_bias = alibi_bias(H, T, T, causal=True, device=x.device, dtype=q.dtype)  # (H, T, T), -inf above the diagonal
+        # 4-D, not (H, T, T): SDPA's fused kernels take a float mask only as (B|1, H|1, T, T); a 3-D one
+        # sends every call to the math kernel, which stores the (B, H, T, T) scores.
+        attn_bias = alibi_bias(H, T, T, causal=True, device=x.device, dtype=q.dtype)[None]  # (1, H, T, T), -inf above the diagonal
         dropout_p = self.dropout_p if self.training else 0.0
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, dropout_p=dropout_p)  # (B, H, T, D)
         context = context.transpose(1, 2).reshape(B, T, self.d_out)  # (B, T, H*D)

@@ -28,8 +28,8 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 # dynamic=False: one kernel specialised per (shape, dtype), the fastest, and inductor's CPU FlexAttention
 # template fails on some dynamic-shape compiles.
 _compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
-# Past torch's default of 8 recompiles per function, flex_attention would silently run its slow
-# uncompiled path, so allow many (one per shape and dtype in use).
+# Past torch's default recompile_limit of 8 per function, flex_attention would run its slow uncompiled
+# path (torch logs one warning, then keeps going), so allow many (one per shape and dtype in use).
 RECOMPILE_LIMIT = 256
 # PyTorch 2.13's compiled CPU FlexAttention gave wrong rows (garbage, no error, not on every run) for
 # some sequences shorter than 64 tokens (seen at T = 8, 24, 40 and 56 on an AVX2 CPU).
@@ -39,9 +39,9 @@ MIN_CPU_SEQ_LEN = 128
 def recompile_room(limit=RECOMPILE_LIMIT):
     """A context in which `torch.compile` keeps up to `limit` compiled variants per function.
 
-    Past torch's default of 8 recompiles, a compiled function silently falls back to eager (for
-    FlexAttention: its slow dense reference), so code that compiles for many shapes or dtypes runs
-    inside this. The one place the package sets torch's recompile limit.
+    Past torch's default `recompile_limit` of 8, a compiled function falls back to eager after one
+    logged warning (for FlexAttention: its slow dense reference), so code that compiles for many
+    shapes or dtypes runs inside this. The one place the package sets torch's `recompile_limit`.
     """
     return torch._dynamo.config.patch(recompile_limit=limit, accumulated_recompile_limit=limit)
 

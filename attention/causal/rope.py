@@ -3,7 +3,8 @@
 RoPE (RoFormer, Su et al., https://arxiv.org/abs/2104.09864) rotates each pair of query and key
 features by an angle proportional to the position, `t * 10000 ** (-2i / head_dim)`, so that the
 score of query i and key j depends on their positions only through `i - j`. Pairs follow the
-rotate-half layout (`x[i]` with `x[i + D/2]`, as in GPT-NeoX and Llama). The angles are computed
+rotate-half layout (`x[i]` with `x[i + D/2]`, as in GPT-NeoX and Hugging Face's Llama code; Meta's
+reference Llama code pairs adjacent features, the same up to a permutation of the q/k weight rows). The angles are computed
 for the actual length on every call; the rotated queries and keys go to SDPA with `is_causal=True`.
 """
 

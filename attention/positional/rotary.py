@@ -2,8 +2,9 @@
 
 Queries and keys are rotated, pair by pair, by an angle proportional to their position:
 `theta[t, i] = t * base ** (-2i / head_dim)`. The pair is `(x[i], x[i + D/2])` (the "rotate-half"
-layout of GPT-NeoX and Llama, not the interleaved `(x[2i], x[2i + 1])` of the paper); both give the
-same attention scores up to a fixed permutation of the weights. A rotation keeps norms, and
+layout of GPT-NeoX and Hugging Face's Llama code, not the interleaved `(x[2i], x[2i + 1])` of the paper
+and of Meta's reference Llama code); both give the same attention scores up to a fixed permutation of
+the query and key projection rows (docs: Position encodings). A rotation keeps norms, and
 `R(t_q) q . R(t_k) k` depends only on `t_q - t_k`: relative position enters through the scores.
 
 `rotary_cos_sin`, `rotate_half` and `apply_rotary` are the same code as in `attention/general.py`.
