@@ -1,4 +1,4 @@
-"""Figures of masks, position encodings and attention weights, for the docs and notebooks.
+"""Figures of masks, position encodings, attention weights and tables of numbers, for the docs and notebooks.
 
 Every `plot_*` function returns a `matplotlib.figure.Figure` built without pyplot, so it works under
 any backend (Agg included), holds no global state and needs no `plt.close`. Show one in a notebook
@@ -242,6 +242,65 @@ def plot_attention_weights(weights, ncols=4, title="Attention weights per head",
     fig.suptitle(title)
     colorbar = fig.colorbar(image, ax=axes)
     colorbar.set_label("attention weight (rows sum to 1)")
+    return fig
+
+
+def plot_heatmaps(panels, row_labels, col_labels, xlabel, ylabel, value_label, title, log_scale=True, cell_format="{:.1f}"):
+    """Tables of numbers as heat maps, one panel each, sharing rows, columns and one colour scale;
+    each cell shows its value. Readable where a line chart of many overlapping series is not.
+
+    Args:
+        panels: dict from a panel title to a `(len(row_labels), len(col_labels))` tensor or nested list
+            (NaN: a blank cell, e.g. not measured).
+        row_labels, col_labels: the labels of the rows (down the left) and of the columns (along the bottom).
+        xlabel, ylabel: axis labels, with units.
+        value_label: the colour bar's label, with units.
+        title: figure title.
+        log_scale: a logarithmic colour scale (the values must be positive).
+        cell_format: format of the number written in each cell.
+
+    Returns:
+        A Figure with `len(panels)` heat-map axes and one shared colour bar.
+    """
+    from matplotlib.colors import LogNorm, Normalize
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
+
+    if not isinstance(panels, dict) or not panels:
+        raise ValueError(f"panels must be a non-empty dict from title to a table of values, got panels={panels!r}")
+    shape = (len(row_labels), len(col_labels))
+    tables = {name: torch.as_tensor(values, dtype=torch.float64) for name, values in panels.items()}
+    for name, table in tables.items():
+        if tuple(table.shape) != shape:
+            raise ValueError(f"panel {name!r} must be a (rows, columns) = {shape} table, got shape {tuple(table.shape)}")
+    values = torch.cat([table.flatten() for table in tables.values()])
+    values = values[~values.isnan()]
+    if log_scale and (values <= 0).any():
+        raise ValueError("log_scale needs positive values; pass log_scale=False for zero or negative ones")
+    low, high = (values.min().item(), values.max().item()) if values.numel() else (1.0, 1.0)
+    norm = LogNorm(low, max(high, low * 1.01)) if log_scale else Normalize(low, high if high > low else low + 1.0)
+    panel_width = 0.75 * shape[1] + 0.3 * max(len(str(label)) for label in row_labels) / len(tables) + 1.0
+    fig = Figure(figsize=(min(panel_width * len(tables) + 1.2, MAX_FIGURE_WIDTH), 0.32 * shape[0] + 1.8),
+                 layout="constrained")
+    axes = [fig.add_subplot(1, len(tables), index + 1) for index in range(len(tables))]
+    for ax, (name, table) in zip(axes, tables.items()):
+        image = ax.imshow(table.numpy(), cmap="YlOrRd", norm=norm, aspect="auto", interpolation="nearest")
+        for (row, col), value in zip(((r, c) for r in range(shape[0]) for c in range(shape[1])), table.flatten().tolist()):
+            if not math.isnan(value):  # dark text on light cells, white on dark ones
+                ax.text(col, row, cell_format.format(value), ha="center", va="center", fontsize="small",
+                        color="white" if norm(value) > 0.6 else "black")
+        ax.set_xticks(range(shape[1]), [str(label) for label in col_labels])
+        ax.set_yticks(range(shape[0]), [str(label) for label in row_labels])
+        ax.tick_params(labelleft=ax is axes[0])  # the row labels once, on the left
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel if ax is axes[0] else "")
+        ax.set_title(name, fontsize="medium")
+    fig.suptitle(title)
+    colorbar = fig.colorbar(image, ax=axes, shrink=0.8)
+    colorbar.set_label(value_label)
+    plain = FuncFormatter(lambda value, _: f"{value:g}")  # 1.5, 2, 3 rather than 3 x 10^0 on a log scale
+    colorbar.ax.yaxis.set_major_formatter(plain)
+    colorbar.ax.yaxis.set_minor_formatter(plain)
     return fig
 
 

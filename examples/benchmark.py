@@ -1,20 +1,25 @@
 # %% [markdown]
-# # Benchmark
+# # The quick run, explained
+#
+# This page teaches how the benchmark measures the implementations and how to read its numbers,
+# using the quick profile that runs while the documentation is built. It assumes you know what the
+# implementations are (the pages under Implementations); the per-device tables and the fastest
+# class per shape are on [Benchmarks per device](../../benchmarks/), and the terms are in the
+# [glossary](../../glossary/).
 #
 # How fast is each implementation, and how far is it from the speed of a plain matrix multiply on
-# the same machine? This page runs the benchmark's quick profile while the documentation is built
-# (`python -m attention.bench --quick`: GPT-2-small widths, d_model = 768 and 12 heads, batch 1,
-# T = 256, 512, 1024, forward and forward + backward), then shows recorded runs from `docs/results/`.
+# the same machine? The quick profile (`python -m attention.bench --quick`) measures GPT-2-small
+# widths, forward and forward + backward, at the lengths printed below.
 #
 # What the harness guarantees for every row (`attention/bench/`, file format in
 # `docs/benchmark-schema.md`):
 #
 # * **The same work.** One set of weights drawn from one seed, loaded into every class through its
-#   canonical state dict; one input; one output gradient.
+#   [canonical state dict](../../glossary/#canonical-state-dict); one input; one output gradient.
 # * **Correct before timed.** The first call's output is compared with the float64 reference
 #   (`attention/reference.py`). A mismatch marks the row incorrect and removes it from the ranking.
 # * **Honest timing.** Warm-up, device synchronization around each block of calls, median and
-#   interquartile range over several blocks; the first call (which includes any compilation, such
+#   [interquartile range](../../glossary/#iqr) over several blocks; the first call (which includes any compilation, such
 #   as FlexAttention's) is reported apart.
 # * **A yardstick from the same run.** A dense matmul timed in the same process gives the device's
 #   matmul rate; each row's TFLOP/s (useful FLOPs, the same count for every implementation) is
@@ -35,10 +40,11 @@ from attention.display import show, show_markdown
 # %% [markdown]
 # ## The quick profile, run now
 #
-# Progress goes to stderr, one line per measurement. On 2 idle CPU cores this takes about a minute,
-# FlexAttention's compilations included (the very first one on a fresh machine adds about 15 s).
+# Run it yourself with `python -m attention.bench --quick` (progress goes to stderr, one line per
+# measurement), or from Python with `run_benchmark(quick_config(device="cpu"))` from
+# `attention.bench`. The run's own duration is printed below.
 
-# %%
+# %% tags=["hide-input"]
 # The docs build runs the quick profile once (docs/_hooks/benchmarks.py) and passes its result file
 # here through ATTENTION_BENCH_QUICK_RESULT, so this page and the Benchmarks page show the same run.
 # (`mkdocs serve` measures nothing: without a cached quick run it passes the newest recorded run.)
@@ -55,10 +61,14 @@ else:
     started = time.perf_counter()
     result = run_benchmark(quick_config(device="cpu"), progress=False, argv=["python", "-m", "attention.bench", "--quick"])
     print(f"{len(result['rows'])} rows in {time.perf_counter() - started:.0f} s")
+config = result["config"]
+show_markdown(f"Profile `{config['profile']}`: batch {config['sweep_batch']}, T = "
+              f"{', '.join(str(t) for t in config['seq_lens'])}, d_model {config['d_model']}, "
+              f"{config['num_heads']} heads, modes {', '.join(config['modes'])}.")
 show_markdown(render.provenance_summary(result))
 
 # %% [markdown]
-# ## Results at T = 1024
+# ## Results at the headline shape
 #
 # Ranked by median time. "% of matmul" divides the row's rate (useful FLOPs: the projections and
 # the unmasked half of the attention matmuls, the same count for every implementation) by the rate
@@ -67,10 +77,10 @@ show_markdown(render.provenance_summary(result))
 # backend" names the `scaled_dot_product_attention` kernel the profiler saw run, "n/a" where none
 # ran. A note under a table flags rows measured while other processes took the CPU.
 
-# %%
+# %% tags=["hide-input"]
 show_markdown(render.markdown_tables(result))
 
-# %%
+# %% tags=["hide-input"]
 show(render.plot_bars(result))
 
 # %% [markdown]
@@ -79,13 +89,13 @@ show(render.plot_bars(result))
 # Time and memory of one call, log-log. Implementations that build the `(T, T)` score matrix grow
 # like T² in memory; the fused kernels (SDPA's flash kernel, FlexAttention) grow like T.
 
-# %%
+# %% tags=["hide-input"]
 show(render.plot_time_vs_seq_len(result, "forward"))
 
-# %%
+# %% tags=["hide-input"]
 show(render.plot_memory_vs_seq_len(result, "forward"))
 
-# %%
+# %% tags=["hide-input"]
 show_markdown(render.sweep_table(result, "forward", "ms_median"))
 
 # %% [markdown]
@@ -95,7 +105,7 @@ show_markdown(render.sweep_table(result, "forward", "ms_median"))
 # are shown per device on the [Benchmarks](../../benchmarks/) page, each with its provenance; a run
 # that predates the current sources is marked stale there.
 
-# %%
+# %% tags=["hide-input"]
 for path in render.find_results():
     recorded = render.load_result(path)
     print(f"{path.name}: {recorded['provenance']['device']['name']}, {recorded['dtype']}, "

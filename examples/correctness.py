@@ -1,26 +1,33 @@
 # %% [markdown]
 # # Correctness
 #
-# Every implementation in `attention.IMPLEMENTATIONS`, checked against the float64 reference
+# This page checks every implementation against the float64 reference, forward and backward, in
+# float32 and bfloat16, and finds out what the bfloat16 errors are made of. It assumes the
+# implementations of the earlier pages (from [stacked heads](../stacked_heads/) to
+# [FlexAttention](../flex/)) and the letters of the [notation page](../../notation/); the
+# [numerics page](../numerics/) follows the errors to longer sequences and float16.
+#
+# Every implementation in `attention.IMPLEMENTATIONS` is checked against the float64 reference
 # (`attention/reference.py`) on the same weights, input and output gradient: the forward output,
-# the gradient with respect to the input, and the gradients with respect to every weight, in
-# float32 and in bfloat16. The table is computed when the documentation is built, for whatever
-# the registry holds at that moment. The repository's tests make the same comparisons, element
-# by element, with tolerances per device and dtype; this page shows the numbers. The code that
-# computes them comes first; the tables are under [Every implementation](#every-implementation).
+# the gradient with respect to the input, and the gradients with respect to every weight. The
+# tables are computed when the documentation is built, for whatever the registry holds at that
+# moment. The repository's tests make the same comparisons, element by element, with tolerances
+# per device and dtype; this page shows the numbers. The code that computes them comes first; the
+# tables are under [Every implementation](#every-implementation).
 #
 # ## Method
 #
 # 1. Build each class as `cls(d_in=32, d_out=32, context_length=16, dropout=0.0, num_heads=4)`,
-#    load one shared set of weights (the *canonical state dict*: `query`, `key`, `value` and `out`
-#    weights and biases, which each class maps onto its own layout), and cast it to the dtype.
+#    load one shared set of weights (the
+#    [canonical state dict](../../glossary/#canonical-state-dict): `query`, `key`, `value` and
+#    `out` weights and biases, which each class maps onto its own layout), and cast it to the dtype.
 # 2. Run it on a random `(B=2, T=16, 32)` input, and back-propagate a random output gradient `G`
 #    (the loss is `sum(out * G)`).
 # 3. Compute the same in float64 with `reference_causal_self_attention`, from the weights and
 #    inputs *after* rounding to the dtype, so the table measures the arithmetic, not the rounding
 #    of the inputs. Classes with position encodings (`position_encoding = "alibi"` or `"rope"`)
 #    pass it to the reference.
-# 4. Report the largest absolute difference over all elements.
+# 4. Report the largest absolute difference over all elements (and, further down, the mean).
 #
 # The reference detaches its weights: it is a function of the input only. To get its gradients
 # with respect to the weights as well, the projections are computed outside it, in float64 with
@@ -30,14 +37,23 @@
 
 # %%
 import torch
+import torch.nn.functional as F
 
 from attention import IMPLEMENTATIONS
-from attention.display import show_table
+from attention.display import show_markdown, show_table
 from attention.reference import reference_causal_self_attention
 
 torch.manual_seed(0)
 B, T, C, H = 2, 16, 32, 4
 DTYPES = (torch.float32, torch.bfloat16)
+# Exact 0/1 matrices that "project" a stacked (query | key | value) input of 3C features onto its blocks.
+eye, zero = torch.eye(C, dtype=torch.float64), torch.zeros(C, C, dtype=torch.float64)
+SELECTORS = {
+    "query.weight": torch.cat([eye, zero, zero], dim=1),  # (C, 3C): picks the query block
+    "key.weight": torch.cat([zero, eye, zero], dim=1),
+    "value.weight": torch.cat([zero, zero, eye], dim=1),
+    "out.weight": eye,  # the output projection is applied outside the reference
+}
 
 
 def reference_and_gradients(x, state, position_encoding, grad_out):
@@ -50,15 +66,8 @@ def reference_and_gradients(x, state, position_encoding, grad_out):
         return y + weights[f"{name}.bias"] if f"{name}.bias" in weights else y
 
     stacked = torch.cat([project("query"), project("key"), project("value")], dim=-1)  # (B, T, 3C)
-    eye, zero = torch.eye(C, dtype=torch.float64), torch.zeros(C, C, dtype=torch.float64)
-    selectors = {
-        "query.weight": torch.cat([eye, zero, zero], dim=1),  # (C, 3C): picks the query block
-        "key.weight": torch.cat([zero, eye, zero], dim=1),
-        "value.weight": torch.cat([zero, zero, eye], dim=1),
-        "out.weight": eye,  # the output projection is applied below, with autograd
-    }
-    context, _ = reference_causal_self_attention(stacked, selectors, H, position_encoding)  # (B, T, C)
-    out = context @ weights["out.weight"].T + weights["out.bias"]  # (B, T, C)
+    context, _ = reference_causal_self_attention(stacked, SELECTORS, H, position_encoding)  # (B, T, C)
+    out = context @ weights["out.weight"].T + weights["out.bias"]  # (B, T, C), with autograd
     (out * grad_out.double()).sum().backward()
     return out.detach(), x64.grad, {name: w.grad for name, w in weights.items()}
 
@@ -79,6 +88,10 @@ def canonical_gradients(module):
 def max_error(actual, expected):
     return (actual.double() - expected.double()).abs().max().item()
 
+
+def mean_error(actual, expected):
+    return (actual.double() - expected.double()).abs().mean().item()
+
 # %% [markdown]
 # First, the detour through stacked projections changes nothing:
 
@@ -96,7 +109,8 @@ assert max_error(stacked, direct) < 1e-12
 # ## Every implementation
 
 # %%
-results, notes = {}, []
+results, notes = {}, []  # results[name, dtype]: max |error| of (out, dL/dx, dL/dW)
+means, outputs = {}, {}  # the mean |error| of the same three; each output, for the bfloat16 section
 for name, cls in IMPLEMENTATIONS.items():
     for dtype in DTYPES:
         label = str(dtype).removeprefix("torch.")
@@ -116,6 +130,13 @@ for name, cls in IMPLEMENTATIONS.items():
                 max_error(x_in.grad, expected_dx),
                 max(max_error(grads[key], expected_grads[key]) for key in expected_grads),
             )
+            all_grads = torch.cat([grads[key].flatten() for key in expected_grads])  # every weight gradient
+            means[name, label] = (
+                mean_error(out, expected),
+                mean_error(x_in.grad, expected_dx),
+                mean_error(all_grads, torch.cat([expected_grads[key].flatten() for key in expected_grads])),
+            )
+            outputs[name, label] = out.detach()
         except Exception as error:  # noqa: BLE001 -- a class that cannot run a dtype gets a note
             results[name, label] = None
             notes.append(f"{name}, {label}: {type(error).__name__}: {str(error).splitlines()[0][:200]}")
@@ -125,6 +146,7 @@ for (name, label), errors in results.items():
         assert errors is not None and errors[0] < 1e-4 and max(errors[1:]) < 1e-3, (name, errors)
 
 
+# %% tags=["hide-input"]
 def cell(errors, index):
     return "n/a" if errors is None else f"{errors[index]:.1e}"
 
@@ -140,6 +162,9 @@ _, scale_dx, scale_dw = reference_and_gradients(x, state, None, grad_out)
 print(f"For scale (float64, no position encoding): max |out| = {direct.abs().max().item():.2f}, "
       f"max |dL/dx| = {scale_dx.abs().max().item():.2f}, "
       f"max |dL/dW| = {max(g.abs().max().item() for g in scale_dw.values()):.2f}")
+print("unit roundoff (half the gap between 1 and the next number): "
+      + ", ".join(f"{label} {torch.finfo(dtype).eps / 2:.1e}" for label, dtype in
+                  (("float32", torch.float32), ("bfloat16", torch.bfloat16))))
 
 # %% [markdown]
 # ## Reading the table
@@ -147,14 +172,116 @@ print(f"For scale (float64, no position encoding): max |out| = {direct.abs().max
 # * Each entry is the largest absolute difference from the float64 reference over all elements:
 #   the output `out` `(B, T, d_out)`, the input gradient `dL/dx` `(B, T, d_in)`, and the largest
 #   over the canonical weight gradients `dL/dW` (query, key, value, out: weights and biases).
-# * float32 errors near `1e-7` to `1e-6` are the rounding of float32 arithmetic (its unit
-#   roundoff is about `6e-8`); the build fails if any float32 entry exceeds `1e-4` (outputs) or
-#   `1e-3` (gradients).
-# * bfloat16 keeps 8 significant bits (unit roundoff about `4e-3`), so errors of a few
-#   thousandths on values of order 1 are expected. A column with the same value in every row
-#   shows the rounding of the final result to bfloat16, which no implementation avoids;
-#   differences *between* rows show where intermediates are rounded to bfloat16 (explicit score
-#   matrices, per-head loops) or kept in float32 inside a fused kernel. The weight gradients
-#   sum over every position of the batch, hence their larger scale and error. The
-#   [numerics page](../numerics/) follows the errors as the sequence grows.
+# * float32 errors of a few units of its unit roundoff (printed above) on values of order 1 are
+#   the rounding of float32 arithmetic; the build fails if any float32 entry exceeds `1e-4`
+#   (outputs) or `1e-3` (gradients), the bounds in the code above.
+# * bfloat16 keeps 8 significant bits, so errors of a few thousandths on values of order 1 are
+#   expected. The weight gradients sum over every position of the batch, hence their larger
+#   scale and error.
 # * "n/a" means the class could not run that dtype here; the reason is printed under the table.
+#
+# ## Why the bfloat16 rows look alike
+#
+# In the bfloat16 table the `out` and `dL/dW` columns barely change from row to row. The classes
+# are not computing the same numbers: many of their outputs differ (counted below). The largest
+# error is set by steps they all share.
+#
+# **The output.** Every class without a position encoding projects `x` to queries, keys and values
+# with a bfloat16 matmul, rounds the attention output (the *context*) to bfloat16, and applies the
+# output projection in bfloat16. Run exactly those shared steps around an *exact* attention core
+# (the float64 reference on the rounded queries, keys and values):
+
+# %%
+bf16_state = {name: tensor.to(torch.bfloat16) for name, tensor in state.items()}
+x_bf16 = x.to(torch.bfloat16)
+q, k, v = (F.linear(x_bf16, bf16_state[f"{name}.weight"], bf16_state.get(f"{name}.bias"))
+           for name in ("query", "key", "value"))  # (B, T, C) each, rounded to bfloat16 like nn.Linear's
+exact_context, _ = reference_causal_self_attention(torch.cat([q, k, v], dim=-1), SELECTORS, H)  # (B, T, C), float64
+shared_steps_out = F.linear(exact_context.to(torch.bfloat16), bf16_state["out.weight"], bf16_state["out.bias"])  # (B, T, C)
+expected_bf16, _ = reference_causal_self_attention(x_bf16, bf16_state, H)  # (B, T, C): the float64 reference
+
+
+def largest_error(actual):
+    """`(max |actual - expected_bf16|, index of that element)`."""
+    error = (actual.double() - expected_bf16).abs().flatten()
+    return error.max().item(), error.argmax().item()
+
+
+print("max |out error| and the output element where it occurs:")
+print(f"  shared bfloat16 steps around an exact core: {largest_error(shared_steps_out)[0]:.2e} at element "
+      f"{largest_error(shared_steps_out)[1]}")
+for name, cls in IMPLEMENTATIONS.items():
+    if cls.position_encoding is None and (name, "bfloat16") in outputs:
+        error, index = largest_error(outputs[name, "bfloat16"])
+        print(f"  {name:<40} {error:.2e} at element {index}")
+
+# %% [markdown]
+# **The weight gradients.** The float64 weight gradients, rounded once to bfloat16, already miss
+# by this much: no class can do better than returning the correctly rounded gradient.
+
+# %%
+_, _, exact_grads = reference_and_gradients(x_bf16, bf16_state, None, grad_out.to(torch.bfloat16))
+rounding_floor = max(max_error(grad.to(torch.bfloat16), grad) for grad in exact_grads.values())
+print(f"max |dL/dW rounded to bfloat16 - dL/dW| = {rounding_floor:.2e}")
+
+# %% [markdown]
+# **Telling the classes apart.** The largest error picks one element; the mean over all elements
+# weighs every rounding. The table gives the mean absolute error of each quantity in bfloat16, and
+# how many of each class's outputs are bit for bit those of `split_heads`.
+
+# %% tags=["hide-input"]
+baseline = outputs.get(("split_heads", "bfloat16"))
+rows = []
+for name, cls in IMPLEMENTATIONS.items():
+    if (name, "bfloat16") not in means:
+        continue
+    out = outputs[name, "bfloat16"]
+    comparable = baseline is not None and cls.position_encoding is None  # the same function as split_heads
+    same = f"{(out == baseline).sum().item()} of {out.numel()}" if comparable else "—"
+    rows.append([f"`{name}`", cls.position_encoding or "none", *(f"{value:.2e}" for value in means[name, "bfloat16"]), same])
+show_table("bfloat16: mean |error| against the float64 reference",
+           ["implementation", "position encoding", "out", "dL/dx", "dL/dW", "outputs equal to split_heads"], rows)
+
+# Among the classes without position encoding: those whose attention runs in one fused kernel (SDPA
+# or FlexAttention), and those that build the (T, T) scores and weights as tensors (attention/causal/*.py).
+FUSED = {"sdpa_causal", "sdpa_mask", "torch_mha", "flex"}
+EAGER = {"stacked_heads", "split_heads", "fused_qkv", "einsum", "seq_first", "torch_mha_weights"}
+
+
+def group_mean(names, index):
+    values = [means[name, "bfloat16"][index] for name in names if (name, "bfloat16") in means]
+    return sum(values) / len(values)
+
+
+fused_out, eager_out = group_mean(FUSED, 0), group_mean(EAGER, 0)
+dx = {name: means[name, "bfloat16"][1] for name in ("stacked_heads", "split_heads", "fused_qkv")}
+show_markdown(
+    f"Among the classes without position encoding, averaged over each group, the mean output error is "
+    f"{fused_out:.2e} for the classes whose attention runs "
+    f"in a fused kernel ({', '.join(f'`{n}`' for n in sorted(FUSED))}) and {eager_out:.2e} for those that "
+    f"build the `(T, T)` scores and weights as bfloat16 tensors ({', '.join(f'`{n}`' for n in sorted(EAGER))}): "
+    f"the fused group's is {'lower' if fused_out < eager_out else 'not lower'}. For the input gradient, "
+    f"`stacked_heads` {dx['stacked_heads']:.2e}, `split_heads` {dx['split_heads']:.2e}, "
+    f"`fused_qkv` {dx['fused_qkv']:.2e}.")
+
+# %% [markdown]
+# What separates them:
+#
+# * **Scores and weights.** The eager classes store the `(T, T)` scores, the softmax weights and
+#   their product with the values as bfloat16 tensors, rounding each. The CPU kernels behind
+#   [SDPA](../../glossary/#sdpa) and FlexAttention compute the scores, the running maximum and
+#   sum of the softmax, and the output in float32; only the unnormalised weights
+#   `exp(score - max)`, each in `(0, 1]`, are rounded to bfloat16 for the second matmul (PyTorch's
+#   `aten/src/ATen/native/cpu/FlashAttentionKernel.cpp` and [Inductor](../../glossary/#inductor)'s
+#   `torch/_inductor/codegen/cpp_flex_attention_template.py`).
+# * **The input gradient.** `x` feeds `3 * H` separate bfloat16 linear layers in `stacked_heads`
+#   (a query, key and value projection per head), 3 in `split_heads` and 1 in `fused_qkv`.
+#   Autograd adds the input gradients of those layers in bfloat16, rounding after each addition;
+#   one fused matmul adds them inside its float32 accumulator.
+# * Classes with a position encoding are compared with the reference *with* that encoding: their
+#   rotations (`rope`) or biases (`alibi`) are extra rounded steps.
+#
+# The largest error, the one the tests bound, is therefore no way to rank bfloat16 classes at this
+# size: the projections and the final roundings every class shares set it. The
+# [numerics page](../numerics/) measures the forward error at longer sequences and in float16,
+# against the error of the exact result rounded to the dtype.

@@ -1,14 +1,21 @@
 # %% [markdown]
 # # The general module
 #
-# `attention.MultiHeadAttention` (`attention/general.py`) is the one general-purpose module of the
-# package, with the signature `(d_model, num_heads, dropout=0.0, bias=True, *, rope=False,
-# rope_base=10000.0)`. Where the causal family is fixed to self-attention with a causal mask, it
-# takes separate `query`, `key` and `value` inputs:
+# This page shows the package's general-purpose attention module: self- and cross-attention,
+# masks of any broadcastable shape (padding, causal, chunked decoding), returned weights and rotary
+# embeddings. It assumes the [split-heads](../split_heads/) page (the same shell), the
+# [SDPA page](../sdpa/) (the kernel it calls) and the [masks](../masks/) page.
+#
+# `attention.MultiHeadAttention` (`attention/general.py`) has the signature `(d_model, num_heads,
+# dropout=0.0, bias=True, *, rope=False, rope_base=10000.0)`. Where the causal family is fixed to
+# self-attention with a [causal mask](../../glossary/#causal-mask), it takes separate `query`, `key`
+# and `value` inputs:
 #
 # * self-attention (`key` and `value` default to `query`) and cross-attention (queries from one
 #   sequence, keys and values from another, of another length);
-# * an optional boolean `mask`, True = attend, `(Tq, Tk)` or `(B or 1, H or 1, Tq, Tk)`;
+# * an optional boolean `mask`, True = attend, of any shape that broadcasts to `(B, H, Tq, Tk)`,
+#   as in SDPA: `(Tq, Tk)`, `(B, 1, Tq, Tk)`, a [padding mask](../../glossary/#padding-mask)
+#   `(B, 1, 1, Tk)`...;
 # * the attention weights on request (`need_weights=True`);
 # * optional rotary position embeddings on queries and keys (`rope=True`).
 #
@@ -16,11 +23,14 @@
 #
 # The same shell as the [split-heads](../split_heads/) version, with `Tq` query positions and
 # `Tk` key positions instead of one `T`. Without `need_weights` the attention runs through
-# [`F.scaled_dot_product_attention`](../sdpa/), which picks a fused kernel; with it, the
-# `(B, H, Tq, Tk)` weights are computed explicitly so they can be returned.
+# [`F.scaled_dot_product_attention`](../../glossary/#sdpa) ([its page](../sdpa/)), which picks a
+# fused kernel; with it, the `(B, H, Tq, Tk)` weights are computed explicitly so they can be
+# returned.
 
 # %%
 import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from attention import MultiHeadAttention, masks
 from attention.display import show, show_shape, show_source
@@ -91,45 +101,60 @@ print("identical:", torch.equal(weights[0, :, 5, 0], weights[0, :, 5, 4]))
 # %% [markdown]
 # ## The code
 
-# %%
+# %% tags=["hide-input"]
 show_source(MultiHeadAttention.forward)
 show_source(rotary_cos_sin)
 show_source(apply_rotary)
 
 # %% [markdown]
-# ## Checked against the float64 reference
+# ## Masks: any shape that broadcasts
 #
-# Four cases, each against `attention.reference.reference_attention` with the module's weights:
-# causal self-attention, cross-attention with a key-padding mask (the second sequence has only 3
-# valid keys), the returned weights, and rotary embeddings.
+# The mask broadcasts to `(B, H, Tq, Tk)` as in SDPA, so each mask takes only the dimensions it
+# varies over. A causal mask is the same for every sequence and head: `(Tq, Tk)`. A padding mask
+# differs per sequence and is the same for every head and query: `(B, 1, 1, Tk)`. A padding mask
+# often comes as a `(B, Tk)` tensor, the layout of `nn.MultiheadAttention`'s `key_padding_mask`;
+# one indexing turns it into the broadcastable shape (for `key_padding_mask` itself, where True
+# means padding, invert it first: `~key_padding_mask[:, None, None, :]`). The second sequence
+# below has only 3 real keys:
 
 # %%
 B, Tq, Tk, d_model, H = 2, 12, 20, 32, 4
-mha = MultiHeadAttention(d_model, H).eval()
-state = mha.canonical_state_dict()
-x, memory = torch.randn(B, Tq, d_model), torch.randn(B, Tk, d_model)
-
+valid_keys = torch.tensor([Tk, 3])  # real keys per sequence; the rest is padding
+key_is_real = torch.arange(Tk)[None, :] < valid_keys[:, None]  # (B, Tk), True = attend
+padding_mask = key_is_real[:, None, None, :]  # (B, 1, 1, Tk): the same for every head and query
+show_shape("key_is_real", key_is_real, "(B, Tk)")
+show_shape("padding_mask = key_is_real[:, None, None, :]", padding_mask, "(B, 1, 1, Tk)")
 positions = torch.arange(Tq)
 causal_mask = positions[:, None] >= positions[None, :]  # (Tq, Tq), True = attend
-valid_keys = torch.tensor([Tk, 3])  # per batch element
-padding_mask = (torch.arange(Tk)[None, :] < valid_keys[:, None])[:, None, None, :]  # (B, 1, 1, Tk)
-padding_mask = padding_mask.expand(B, 1, Tq, Tk)  # (B, 1, Tq, Tk)
+show_shape("causal_mask", causal_mask, "(Tq, Tq)")
 
+# %% [markdown]
+# ## Checked against the float64 reference
+#
+# Four cases, each against `attention.reference.reference_attention` with the module's
+# [canonical weights](../../glossary/#canonical-state-dict): causal self-attention,
+# cross-attention with the padding mask above, the returned weights, and rotary embeddings.
 
+# %% tags=["hide-input"]
 def report(label, actual, expected, tolerance=1e-5):
     error = (actual.double() - expected).abs().max().item()
     print(f"{label:<44} max error = {error:.2e}")
     assert error < tolerance, (label, error)
 
 
+# %%
+mha = MultiHeadAttention(d_model, H).eval()
+state = mha.canonical_state_dict()
+x, memory = torch.randn(B, Tq, d_model), torch.randn(B, Tk, d_model)
+
 with torch.no_grad():
     expected, expected_weights = reference_attention(x, x, x, state, H, mask=causal_mask)
     out, _ = mha(x, mask=causal_mask)
-    report("self-attention, causal mask", out, expected)
+    report("self-attention, causal mask (Tq, Tq)", out, expected)
 
     expected, expected_weights = reference_attention(x, memory, memory, state, H, mask=padding_mask)
     out, weights = mha(x, memory, mask=padding_mask, need_weights=True)
-    report("cross-attention, padding mask", out, expected)
+    report("cross-attention, padding mask (B, 1, 1, Tk)", out, expected)
     report("cross-attention, padding mask: weights", weights, expected_weights)
     out_fused, _ = mha(x, memory, mask=padding_mask)  # need_weights=False: the SDPA path
     report("... same through SDPA (need_weights=False)", out_fused, expected)
@@ -174,11 +199,51 @@ except TypeError as error:
     print("TypeError:", error)
 
 # %% [markdown]
-# **Causal cross-attention needs an explicit mask.** SDPA's `is_causal=True` aligns the mask to
-# the top-left corner, which is wrong when `Tq != Tk` (see the [SDPA page](../sdpa/)). The module
-# has no `is_causal` flag: build the mask you mean from index comparisons, e.g. bottom-right
-# aligned `q_idx[:, None] + (Tk - Tq) >= kv_idx[None, :]`.
-#
+# **A `(B, Tk)` padding mask must be converted.** Passed as it is, it is read like any 2-D mask,
+# as `(Tq, Tk)`. When `B != Tq` that is a `ValueError`; when `B == Tq` it is silently wrong: query
+# `i` gets the padding of sequence `i`. Broadcasting cannot tell the two apart (SDPA neither), so
+# always write `[:, None, None, :]`:
+
+# %%
+try:
+    mha(x, memory, mask=key_is_real)  # (B, Tk) with B = 2, Tq = 12
+except ValueError as error:
+    print("ValueError:", error)
+square = MultiHeadAttention(d_model, H).eval()  # here B == Tq == 2
+queries_2 = torch.randn(2, 2, d_model)  # (B, Tq, d_model)
+with torch.no_grad():
+    wrong, _ = square(queries_2, memory, mask=key_is_real)  # read as (Tq, Tk)
+    right, _ = square(queries_2, memory, mask=key_is_real[:, None, None, :])  # (B, 1, 1, Tk)
+print(f"B == Tq: no error, and max |wrong - right| = {(wrong - right).abs().max().item():.2f}")
+
+# %% [markdown]
+# **Causal attention with fewer queries than keys needs a bottom-right mask.** When the queries are
+# the last `Tq` of `Tk` positions (chunked decoding: a chunk of new tokens attends to the keys of
+# everything so far), query `i` sits at position `Tk - Tq + i` and must see keys up to there. SDPA's
+# `is_causal=True` aligns the mask top-left instead (`tril(ones(Tq, Tk))`), which is wrong here
+# (see the [SDPA page](../sdpa/)); this module has no `is_causal` flag. Build the mask from the
+# positions. For SDPA itself, `torch.nn.attention.bias.causal_lower_right(Tq, Tk)` is the same
+# mask; it is a float tensor subclass, so this module, which takes boolean masks only, refuses it.
+# Here the last 4 of 12 positions, against every position computed at once:
+
+# %%
+T_all, T_new = 12, 4
+x_all = torch.randn(B, T_all, d_model)
+kv_positions = torch.arange(T_all)  # (Tk,)
+q_positions = kv_positions[-T_new:]  # (Tq,): the chunk's positions in the sequence
+bottom_right = q_positions[:, None] >= kv_positions[None, :]  # (Tq, Tk), True = attend
+top_left = torch.ones(T_new, T_all, dtype=torch.bool).tril()  # (Tq, Tk): what is_causal=True uses
+with torch.no_grad():
+    full, _ = mha(x_all, mask=kv_positions[:, None] >= kv_positions[None, :])  # (B, Tk, d_model)
+    for label, mask in (("top-left mask (is_causal=True's)", top_left), ("bottom-right mask", bottom_right)):
+        chunk, _ = mha(x_all[:, -T_new:], x_all, mask=mask)  # (B, Tq, d_model)
+        print(f"{label:<34} max |chunk - full[:, -Tq:]| = {(chunk - full[:, -T_new:]).abs().max().item():.2e}")
+q, k, v = torch.randn(1, H, T_new, 8), torch.randn(1, H, T_all, 8), torch.randn(1, H, T_all, 8)  # (B, H, T, D)
+same = torch.allclose(F.scaled_dot_product_attention(q, k, v, attn_mask=bottom_right),
+                      F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(T_new, T_all)))
+print("SDPA: bottom_right and causal_lower_right(Tq, Tk) give the same output:", same)
+
+# %% [markdown]
 # **RoPE positions start at 0 for queries and keys alike.** That is right for self-attention over a
 # whole sequence. For decoding with a cache of earlier keys, the new queries' positions must
 # continue where the cache ends; this module computes the angles from 0 on every call, so it does

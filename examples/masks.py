@@ -1,34 +1,42 @@
 # %% [markdown]
 # # Masks gallery
 #
-# Every mask in `attention.masks` is written **once**, as a FlexAttention predicate
+# This page draws every attention pattern in `attention.masks`, shows how one predicate drives both
+# the dense path and FlexAttention's block-sparse path, and measures what block sparsity saves as
+# the sequence grows. It assumes causal self-attention
+# ([Attention in five minutes](../five_minutes/)) and the letters of the
+# [notation page](../../notation/); the [FlexAttention page](../flex/) shows the kernel itself.
+#
+# Every mask is written **once**, as a [`mask_mod`](../../glossary/#mask-mod-score-mod) predicate
 # `mask_mod(b, h, q_idx, kv_idx) -> bool` where **True = attend**. The same predicate gives:
 #
 # * a dense boolean tensor `(Tq, Tk)` for the educational code and for
-#   `F.scaled_dot_product_attention` (`dense_mask`, built from index comparisons, no Python loops);
-# * a FlexAttention `BlockMask` that lets the kernel skip every fully masked block (`block_mask`).
-#
-# This page draws each pattern at a small size (dark = attend), reports its density (the share of
-# (query, key) pairs attended) at `T = 64`, and checks on every pattern that FlexAttention with the
-# `BlockMask` and SDPA with the dense mask give the same output.
+#   [`F.scaled_dot_product_attention`](../../glossary/#sdpa) (`dense_mask`, built from index
+#   comparisons, no Python loops);
+# * a FlexAttention [`BlockMask`](../../glossary/#blockmask) (`block_mask`): which 128 × 128 blocks
+#   of (query, key) pairs hold any attended pair, so that the kernel skips all the others.
 
 # %%
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 
 from attention import masks
+from attention.bench.metrics import time_callable
 from attention.causal.flex import compiled_flex_attention
-from attention.display import show
+from attention.display import show, show_markdown, show_table
 from attention.plotting import plot_mask, plot_masks
 
 # %% [markdown]
 # ## Causal and windows
 #
-# `sliding_window(w)` is causal: query `i` sees keys `i - w + 1 .. i`, itself included (Mistral,
-# Longformer's causal form). `local_window(r)` is its bidirectional cousin for encoders: keys with
-# `|i - j| <= r`.
+# `causal` is the [causal mask](../../glossary/#causal-mask): query `i` sees keys `j <= i`.
+# `sliding_window(w)` is causal too: query `i` sees keys `i - w + 1 .. i`, itself included
+# (Mistral, Longformer's causal form). `local_window(r)` is its bidirectional cousin for encoders:
+# keys with `|i - j| <= r`.
 
-# %%
+# %% tags=["hide-input"]
 show(plot_masks({
     "causal": masks.causal,
     "sliding_window(4)": masks.sliding_window(4),
@@ -38,16 +46,69 @@ show(plot_masks({
 # %% [markdown]
 # ## Strided and Sparse Transformer
 #
-# `strided(s)` keeps every `s`-th key behind the query. The Sparse Transformer (Child et al., 2019,
-# https://arxiv.org/abs/1904.10509) unions it with a local window of `s` keys (`sparse_transformer_strided`),
-# or uses fixed blocks plus summary columns (`sparse_transformer_fixed`).
+# `strided(s)` keeps every `s`-th key behind the query, counting back from the query itself. The
+# Sparse Transformer (Child et al., 2019, https://arxiv.org/abs/1904.10509) unions it with a local
+# window of `s` keys (`sparse_transformer_strided`), or uses fixed blocks plus summary columns
+# (`sparse_transformer_fixed`).
 
-# %%
+# %% tags=["hide-input"]
 show(plot_masks({
     "strided(4)": masks.strided(4),
     "sparse_transformer_strided(4)": masks.sparse_transformer_strided(4),
     "sparse_transformer_fixed(4)": masks.sparse_transformer_fixed(4),
 }, q_len=16, title="Strided patterns; T = 16"))
+
+# %% [markdown]
+# ### Pitfall: strided as fixed columns
+#
+# A tempting shortcut writes the strided pattern as "every `s`-th key column", `kv_idx % s == 0`
+# (an earlier draft of this project did). That predicate reads the key's position only, never the
+# query's, so it is bidirectional: every query sees keys 0, `s`, `2s`, ... up to the end of the
+# sequence, including keys in its future. `strided(s)` measures the distance back from the query
+# and keeps the causal condition.
+
+# %%
+def fixed_columns(stride):
+    """The pitfall: every `stride`-th key column, whatever the query's position (True = attend)."""
+    def mask_mod(b, h, q_idx, kv_idx):
+        return kv_idx % stride == 0
+
+    mask_mod.__name__ = f"fixed_columns_{stride}"
+    return mask_mod
+
+
+stride, T_small = 4, 16
+wrong = masks.dense_mask(fixed_columns(stride), T_small, T_small)  # (T, T), True = attend
+ours = masks.dense_mask(masks.strided(stride), T_small, T_small)  # (T, T)
+future = masks.dense_mask(masks.causal, T_small, T_small).logical_not()  # (T, T): key after the query
+print(f"query 0 attends to keys {wrong[0].nonzero().flatten().tolist()} with fixed columns, "
+      f"{ours[0].nonzero().flatten().tolist()} with strided({stride})")
+print(f"(query, key) pairs with the key in the query's future: {(wrong & future).sum().item()} with fixed columns, "
+      f"{(ours & future).sum().item()} with strided({stride})")
+
+# %% tags=["hide-input"]
+show(plot_masks({
+    f"fixed columns, kv % {stride} == 0 (wrong)": wrong,
+    f"strided({stride}) (causal)": ours,
+    "future keys the wrong mask attends to": wrong & future,
+}, title=f"Strided as fixed columns lets queries see the future; T = {T_small}"))
+
+# %% [markdown]
+# The leak is visible in the outputs: change one token (its key and value) and see which *earlier*
+# positions' outputs move. Under a causal mask none may.
+
+# %%
+torch.manual_seed(0)
+q, k, v = (torch.randn(1, 1, T_small, 8) for _ in range(3))  # (B, H, T, D)
+changed = T_small - stride  # a multiple of the stride: a column the wrong mask attends to
+k2, v2 = k.clone(), v.clone()
+k2[:, :, changed], v2[:, :, changed] = torch.randn(8), torch.randn(8)
+for name, mask in {"fixed columns": wrong, f"strided({stride})": ours}.items():
+    before = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, T, D)
+    after = F.scaled_dot_product_attention(q, k2, v2, attn_mask=mask)  # (B, H, T, D)
+    moved = (after - before)[0, 0, :changed].abs().amax(dim=-1) > 0  # (changed,): earlier positions that moved
+    print(f"{name:<14} changing token {changed} moves the outputs of {moved.sum().item()} of the {changed} "
+          "earlier positions")
 
 # %% [markdown]
 # ## BigBird
@@ -57,7 +118,7 @@ show(plot_masks({
 # keys come from a seed, so the same seed draws the same mask on every run and every path. (The
 # paper picks random *blocks*; this token-level version shows the same structure at small sizes.)
 
-# %%
+# %% tags=["hide-input"]
 show(plot_mask(masks.bigbird(radius=1, num_global=2, num_random=2, max_len=16, seed=0), q_len=16))
 
 # %%
@@ -68,12 +129,13 @@ print("same seed, same mask:", torch.equal(same_seed, again))
 # %% [markdown]
 # ## Padding, prefix-LM and packed documents
 #
-# `key_padding(lengths)` hides the padded keys of each sequence in a batch (it reads `b`).
-# `prefix_lm(p)` lets the first `p` tokens see each other bidirectionally and the rest decode
-# causally (T5's prefix LM, UniLM). `document(ids)` keeps attention inside each packed document;
-# combined with `causal` through `and_masks` it is the standard mask for packed pre-training.
+# `key_padding(lengths)` is a [padding mask](../../glossary/#padding-mask): it hides the padded
+# keys of each sequence in a batch (it reads `b`). `prefix_lm(p)` lets the first `p` tokens see
+# each other bidirectionally and the rest decode causally (T5's prefix LM, UniLM).
+# `document(ids)` keeps attention inside each packed document; combined with `causal` through
+# `and_masks` it is the standard mask for packed pre-training.
 
-# %%
+# %% tags=["hide-input"]
 lengths = torch.tensor([5, 8])
 document_ids = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2, 2, 3, 3])
 padding = masks.dense_mask(masks.key_padding(lengths), 8, 8, batch=2)  # (2, 1, 8, 8)
@@ -92,50 +154,141 @@ show(plot_masks({
 # %%
 combined = masks.or_masks(masks.sliding_window(3), masks.strided(4))
 print(combined.__name__)
+
+# %% tags=["hide-input"]
 show(plot_mask(combined, q_len=12))
 
 # %% [markdown]
-# ## Density at T = 64
+# ## One predicate, two paths: FlexAttention against SDPA, block by block
 #
-# The share of (query, key) pairs each pattern attends to. A fused kernel with block skipping
-# (FlexAttention) does work roughly in proportion to the share of non-empty *blocks*, so sparse
-# patterns only pay off when the attended pairs cluster into blocks.
+# A `BlockMask` cuts the (query, key) matrix into blocks of 128 × 128 pairs (its default size,
+# printed with the table), so at `T = 512` into 4 × 4 blocks; up to `T = 128` there is one block
+# and nothing to skip. For each pattern, the table gives its density (the share of pairs
+# attended), the blocks FlexAttention computes (those holding at least one attended pair; it skips
+# the rest), and the largest difference between compiled FlexAttention with the `BlockMask` and
+# SDPA with the dense mask on the same `q, k, v` (batch 2, so that `key_padding` can differ per
+# sequence). Both paths read the same predicate, so only floating-point rounding could separate
+# them; the assertion allows `1e-5`.
 
 # %%
-T = 64
+T, B, H, D = 512, 2, 2, 16
 patterns = {
     "causal": masks.causal,
-    "sliding_window(16)": masks.sliding_window(16),
-    "local_window(8)": masks.local_window(8),
-    "strided(8)": masks.strided(8),
-    "sparse_transformer_strided(8)": masks.sparse_transformer_strided(8),
-    "sparse_transformer_fixed(8)": masks.sparse_transformer_fixed(8),
+    "sliding_window(128)": masks.sliding_window(128),
+    "local_window(64)": masks.local_window(64),
+    "strided(64)": masks.strided(64),
+    "sparse_transformer_strided(64)": masks.sparse_transformer_strided(64),
+    "sparse_transformer_fixed(128)": masks.sparse_transformer_fixed(128),
     "bigbird(3, 2, 3, seed=0)": masks.bigbird(3, 2, 3, max_len=T, seed=0),
-    "prefix_lm(16)": masks.prefix_lm(16),
-    "document (4 x 16)": masks.document(torch.arange(T) // 16),
-    "causal_and_document (4 x 16)": masks.and_masks(masks.causal, masks.document(torch.arange(T) // 16)),
+    "prefix_lm(128)": masks.prefix_lm(128),
+    "document (4 x 128)": masks.document(torch.arange(T) // 128),
+    "causal_and_document (4 x 128)": masks.and_masks(masks.causal, masks.document(torch.arange(T) // 128)),
+    "key_padding([320, 512])": masks.key_padding(torch.tensor([320, 512])),
 }
-print(f"{'pattern':<32} density at T = {T}")
+reads_batch = {"key_padding([320, 512])"}  # masks that differ per sequence get a per-sequence BlockMask
+
+
+def computed_blocks(block_mask):
+    """`(computed, total)` blocks of a `BlockMask`: partial blocks (the mask is applied inside them)
+    plus full blocks (every pair attended, no mask needed), against all blocks of its shape."""
+    computed = block_mask.kv_num_blocks.sum().item()
+    if block_mask.full_kv_num_blocks is not None:
+        computed += block_mask.full_kv_num_blocks.sum().item()
+    batch, heads, q_len, kv_len = block_mask.shape
+    q_block, kv_block = block_mask.BLOCK_SIZE
+    return computed, batch * heads * -(-q_len // q_block) * -(-kv_len // kv_block)
+
+
+torch.manual_seed(0)
+q, k, v = (torch.randn(B, H, T, D) for _ in range(3))  # (B, H, T, D)
+rows = []
 for name, mask_mod in patterns.items():
-    print(f"{name:<32} {masks.density(mask_mod, T, T):.4f}")
-print(f"{'key_padding([48, 64]), batch 2':<32} {masks.density(masks.key_padding(torch.tensor([48, 64])), T, T, batch=2):.4f}")
+    batch = B if name in reads_batch else None
+    dense = masks.dense_mask(mask_mod, T, T, batch=batch)  # (T, T), or (B, 1, T, T) for a per-sequence mask
+    block_mask = masks.block_mask(mask_mod, T, T, device="cpu", B=batch)
+    sdpa_out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense)  # (B, H, T, D)
+    flex_out = compiled_flex_attention(q, k, v, block_mask=block_mask)  # (B, H, T, D)
+    error = (flex_out - sdpa_out).abs().max().item()
+    assert error < 1e-5, (name, error)
+    computed, total = computed_blocks(block_mask)
+    rows.append([name, f"{dense.float().mean().item():.3f}", f"{computed} of {total}", f"{error:.1e}"])
+
+# %% tags=["hide-input"]
+show_table(f"T = {T}: density, blocks FlexAttention computes (block size {block_mask.BLOCK_SIZE[0]}), "
+           "and agreement with SDPA",
+           ["pattern", "density", "blocks computed", "max |flex - sdpa|"], rows)
 
 # %% [markdown]
-# ## One predicate, two paths: FlexAttention vs SDPA
+# Density and blocks tell different stories. A window or a document mask keeps its attended pairs
+# near the diagonal, in few blocks. A strided or random pattern attends to far fewer pairs than
+# `causal` yet touches every block its keys can reach: `strided(64)` computes as many blocks as
+# `causal`, and the bidirectional `bigbird` every block. (`key_padding` counts the blocks of both
+# sequences.)
 #
-# For every pattern, FlexAttention (compiled) with the `BlockMask` and SDPA with the dense mask
-# run on the same `q, k, v`. The largest difference is printed; both paths read the same predicate,
-# so only floating-point rounding could separate them. On CPU both run a blocked softmax in fp32
-# and often agree to the last bit; the assertion allows 1e-5.
+# ## Does sparse attention cost O(T·k) instead of O(T²)?
+#
+# The claim: if each query attends to `k` keys, attention costs `O(T·k)`. For a block-sparse
+# kernel the work is the number of blocks it computes, so the claim holds when each query's keys
+# stay in a bounded number of blocks, as a sliding window's do, and fails for the strided pattern
+# above. The cell below counts the blocks of a fixed window of 256 keys and of `causal` as `T`
+# doubles, and times compiled FlexAttention on both (batch 1, 4 heads, `D = 64`; median of several
+# calls, [IQR](../../glossary/#iqr) in brackets; a shared CPU makes the times noisy).
 
 # %%
-torch.manual_seed(0)
-B, H, D = 1, 2, 16
-q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
-for name, mask_mod in patterns.items():
-    dense = masks.dense_mask(mask_mod, T, T)  # (T, T)
-    sdpa_out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
-    flex_out = compiled_flex_attention(q, k, v, block_mask=masks.block_mask(mask_mod, T, T, device="cpu"))
-    error = (flex_out - sdpa_out).abs().max().item()
-    print(f"{name:<32} max |flex - sdpa| = {error:.1e}")
-    assert error < 1e-5, name
+def window_in_a_tensor(window_size):
+    """`masks.sliding_window`, with the window size held in a tensor. A Python int is baked into the
+    compiled kernel (a new window, a new compilation); a captured tensor is an input to it, so one
+    compiled kernel per shape serves every window size, and `causal` is the window `T`."""
+    window = torch.tensor(window_size)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (q_idx - kv_idx < window)
+
+    return mask_mod
+
+
+WINDOW = 256
+timed = {}  # (pattern, T) -> (blocks computed, total blocks, timing)
+for T_long in (1024, 2048, 4096):
+    q, k, v = (torch.randn(1, 4, T_long, 64) for _ in range(3))  # (B, H, T, D)
+    for pattern, window_size in (("window", WINDOW), ("causal", T_long)):
+        block_mask = masks.block_mask(window_in_a_tensor(window_size), T_long, T_long, device="cpu")
+        computed, total = computed_blocks(block_mask)
+        timing = time_callable(partial(compiled_flex_attention, q, k, v, block_mask=block_mask), "cpu",
+                               min_run_time=0.3, min_repeats=5, warmup_time=0.05)
+        timed[pattern, T_long] = (computed, total, timing)
+# The window of size T is the causal mask itself:
+assert torch.equal(masks.dense_mask(window_in_a_tensor(512), 512, 512), masks.dense_mask(masks.causal, 512, 512))
+
+# %% tags=["hide-input"]
+long_lengths = sorted({T_long for _, T_long in timed})
+first, last = long_lengths[0], long_lengths[-1]
+
+
+def per_block_us(pattern, T_long):
+    """Microseconds of the median call per computed block and head (4 heads)."""
+    computed, _, timing = timed[pattern, T_long]
+    return timing["ms_median"] * 1e3 / (computed * 4)
+
+
+show_table(f"Compiled FlexAttention: sliding window of {WINDOW} keys against causal, blocks of 128, 4 heads",
+           ["T", "mask", "blocks computed", "ms per call (IQR)", "µs per block and head"],
+           [[T_long, pattern, f"{timed[pattern, T_long][0]} of {timed[pattern, T_long][1]}",
+             f"{timed[pattern, T_long][2]['ms_median']:.1f} ({timed[pattern, T_long][2]['ms_iqr']:.1f})",
+             f"{per_block_us(pattern, T_long):.0f}"] for T_long in long_lengths for pattern in ("window", "causal")])
+show_markdown(
+    f"From `T = {first}` to `T = {last}` (×{last // first}), the window's blocks grow "
+    f"×{timed['window', last][0] / timed['window', first][0]:.1f} "
+    f"({timed['window', last][0] / (last // 128):.1f} key blocks per query block at `T = {last}`) and the causal "
+    f"mask's ×{timed['causal', last][0] / timed['causal', first][0]:.1f}; the median time per call grows "
+    f"×{timed['window', last][2]['ms_median'] / timed['window', first][2]['ms_median']:.1f} and "
+    f"×{timed['causal', last][2]['ms_median'] / timed['causal', first][2]['ms_median']:.1f}. At `T = {last}` a "
+    f"computed block costs {per_block_us('window', last):.0f} µs per head with the window and "
+    f"{per_block_us('causal', last):.0f} µs with the causal mask.")
+
+# %% [markdown]
+# The window's blocks grow in proportion to `T`, the causal mask's like `T²/2`. Where the cost per
+# block stays about level, the time follows the blocks; at short lengths the fixed cost of a call
+# weighs more, and a shared CPU adds noise (compare the IQRs). So a sliding window makes the work of
+# a block-sparse kernel linear in `T`, `O(T·k)` with `k` the window; a low density alone does not,
+# since the kernel pays for blocks, not for pairs.

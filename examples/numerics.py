@@ -1,38 +1,51 @@
 # %% [markdown]
 # # Numerics
 #
-# How far from the float64 reference does each implementation land in float16 and bfloat16, and
-# does that change with the sequence length? Every implementation in `attention.IMPLEMENTATIONS`
-# gets the same weights (rounded to the dtype) and the same input; the reference computes the same
-# attention in float64 from those rounded values, so the error below is the arithmetic alone.
-# Computed on the machine that builds the documentation (a CPU here); a GPU's kernels differ.
+# This page measures how far each implementation lands from the float64 reference in float16 and
+# bfloat16 as the sequence grows, how memory grows with the sequence in a recorded benchmark run,
+# and how float16 overflows and which implementations survive it. It assumes the
+# [correctness page](../correctness/) (the reference and the canonical weights) and the
+# implementations of the earlier pages, from [stacked heads](../stacked_heads/) to
+# [FlexAttention](../flex/).
+#
+# Every implementation in `attention.IMPLEMENTATIONS` gets the same weights (rounded to the dtype)
+# and the same input; the reference computes the same attention in float64 from those rounded
+# values, so the error below is the arithmetic alone. Computed on the machine that builds the
+# documentation (a CPU here); a GPU's kernels differ.
 #
 # ## Method
 #
 # * `d_in = d_out = 64`, `H = 4` heads of `D = 16`, batch `B = 1`, dropout 0, forward only.
-# * Sequence lengths `T` = 64, 128, 256, 512, 1024; inputs drawn from a standard normal.
+# * Sequence lengths `T` = 128, 256, 512, 1024; inputs drawn from a standard normal.
 # * Error: `max |out - reference|` over all `T * d_out` outputs, in the units of the output (whose
 #   largest magnitude is printed with the table).
+# * Floor: `max |reference rounded to the dtype - reference|`, the error of the exact result
+#   rounded once. Every implementation returns the dtype, so none can do better; each error
+#   below is also given as a multiple of it.
 
 # %%
-import matplotlib
+import math
+
 import torch
-from matplotlib.figure import Figure
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attention import IMPLEMENTATIONS
-from attention.display import show, show_table
+from attention.bench import render
+from attention.display import show, show_markdown, show_table
+from attention.plotting import plot_heatmaps
 from attention.reference import reference_causal_self_attention
 
 torch.manual_seed(0)
 C, H = 64, 4
-LENGTHS = (64, 128, 256, 512, 1024)
+LENGTHS = (128, 256, 512, 1024)
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 # %%
 state = IMPLEMENTATIONS["split_heads"](C, C, max(LENGTHS), 0.0, H).canonical_state_dict()
 inputs = {T: torch.randn(1, T, C) for T in LENGTHS}
 errors, notes, scale = {}, [], {}  # errors[dtype name][implementation] = [error per length]
-floor = {}  # floor[dtype name] = [max |reference - reference rounded to the dtype| per length]
+floor = {}  # floor[dtype name][T, position_encoding] = max |reference rounded to the dtype - reference|
 
 for dtype_name, dtype in DTYPES.items():
     rounded_state = {key: value.to(dtype) for key, value in state.items()}
@@ -49,9 +62,8 @@ for dtype_name, dtype in DTYPES.items():
                 if key not in references:
                     references[key], _ = reference_causal_self_attention(x, rounded_state, H, cls.position_encoding)
                     scale[T] = max(scale.get(T, 0.0), references[key].abs().max().item())
-                    if cls.position_encoding is None:
-                        rounding = (references[key].to(dtype).double() - references[key]).abs().max().item()
-                        floor.setdefault(dtype_name, {})[T] = rounding
+                    rounding = (references[key].to(dtype).double() - references[key]).abs().max().item()
+                    floor.setdefault(dtype_name, {})[key] = rounding
                 with torch.no_grad():
                     out = module(x)
                 row.append((out.double() - references[key]).abs().max().item())
@@ -64,55 +76,201 @@ for note in notes:
 
 # %% [markdown]
 # ## Error against sequence length
+#
+# Each cell is an implementation's error divided by the floor at that length (the floor of the
+# reference with its position encoding): 1.0 means it lands on the correctly rounded result's
+# error; 2.0, twice as far.
 
-# %%
-markers = "osD^vP*Xh<>p8"
-colors = matplotlib.colormaps["tab20"].colors  # one colour per implementation (the default cycle has 10)
-fig = Figure(figsize=(8, 10), layout="constrained")
-axes = fig.subplots(len(DTYPES), 1)
-for ax, (dtype_name, by_implementation) in zip(axes, errors.items()):
-    for i, (name, row) in enumerate(by_implementation.items()):
-        ax.plot(LENGTHS, row, marker=markers[i % len(markers)], color=colors[i % len(colors)], label=name)
-    ax.plot(LENGTHS, [floor[dtype_name][T] for T in LENGTHS], color="black", linestyle=":",
-            linewidth=2, label="floor: the exact result rounded to the dtype")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xticks(LENGTHS, [str(T) for T in LENGTHS])
-    ax.set_title(f"{dtype_name} forward on CPU, d_model={C}, {H} heads, batch 1:\n"
-                 "max |out - float64 reference| (lower is better)")
-    ax.set_xlabel("sequence length T (tokens)")
-    ax.set_ylabel("max abs error (output units)")
-    ax.grid(True, which="both", alpha=0.3)
-handles, labels = axes[0].get_legend_handles_labels()
-fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize="small", title="implementation")
-show(fig)
+# %% tags=["hide-input"]
+names = list(IMPLEMENTATIONS)
+ratios = {dtype_name: [[by_implementation[name][i] / floor[dtype_name][T, IMPLEMENTATIONS[name].position_encoding]
+                        if name in by_implementation else math.nan for i, T in enumerate(LENGTHS)] for name in names]
+          for dtype_name, by_implementation in errors.items()}
+measured = [value for table in ratios.values() for row in table for value in row if not math.isnan(value)]
+smallest, largest = min(measured), max(measured)
+fig = plot_heatmaps({f"{dtype_name} forward": table for dtype_name, table in ratios.items()}, names, LENGTHS,
+                    "sequence length T (tokens)", "implementation", "max |out - reference| / floor (×, log scale)",
+                    f"Error in multiples of the rounding floor, CPU, d_model={C}, {H} heads, batch 1 (1.0 = on the floor)")
+show(fig, alt=f"Heat maps, one per dtype ({', '.join(ratios)}): one row per implementation ({len(names)}), "
+              f"one column per sequence length ({', '.join(map(str, LENGTHS))}); each cell gives the maximum error "
+              f"divided by the rounding floor, from {smallest:.1f} to {largest:.1f}.")
 
 # %% [markdown]
 # ## The numbers
 
-# %%
+# %% tags=["hide-input"]
 for dtype_name, by_implementation in errors.items():
     rows = [[f"`{name}`", *(f"{e:.1e}" for e in row)] for name, row in by_implementation.items()]
-    rows.append(["floor: exact result rounded", *(f"{floor[dtype_name][T]:.1e}" for T in LENGTHS)])
+    rows.append(["floor (no position encoding)", *(f"{floor[dtype_name][T, None]:.1e}" for T in LENGTHS)])
     show_table(f"{dtype_name}: max |out - reference|", ["implementation", *(f"T={T}" for T in LENGTHS)], rows)
 print("largest |reference output| per length:", {T: round(value, 2) for T, value in scale.items()})
+print("unit roundoff (half the gap between 1 and the next number): "
+      + ", ".join(f"{name} {torch.finfo(dtype).eps / 2:.1e}" for name, dtype in DTYPES.items()))
 
 # %% [markdown]
 # ## Reading the chart
 #
-# * float16 keeps 11 significant bits (unit roundoff about `5e-4`), bfloat16 8 bits (about
-#   `4e-3`) but float32's exponent range. The dotted line is the floor: the error of the exact
-#   result rounded to the dtype, which every implementation that returns that dtype pays. An
-#   implementation on the floor loses nothing to its intermediate steps; at most a few units of
-#   the floor above it is normal.
+# * float16 keeps 11 significant bits, bfloat16 8 bits (their unit roundoffs are printed above)
+#   but float32's exponent range. An implementation on the floor loses nothing to its
+#   intermediate steps; a few times the floor is normal.
+# * Where a whole column shows one value, the largest error comes from steps every implementation
+#   shares, the projections and the roundings of their results, not from the attention itself
+#   (the [correctness page](../correctness/#why-the-bfloat16-rows-look-alike) shows this for
+#   bfloat16).
 # * Above the floor, implementations differ in what they round along the way. An explicit
 #   `(T, T)` score or weight matrix in float16/bfloat16 (the eager implementations) rounds every
-#   score and weight; fused kernels (SDPA, FlexAttention) keep the scores, the running softmax
-#   and the accumulation in float32 and round at the end. At these sizes the differences stay
-#   within a small factor of the floor for every implementation.
+#   score and weight. The CPU kernels behind [SDPA](../../glossary/#sdpa) and FlexAttention
+#   compute the scores, the running maximum and sum of the softmax, and the output in float32,
+#   and round only the unnormalised weights `exp(score - max)` (each in `(0, 1]`) to the dtype
+#   for the second matmul.
 # * A longer sequence spreads each query's weight over more keys, so each weight is smaller and
 #   the weighted sum has more terms: per-element rounding is averaged, and the error does not need
-#   to grow with `T`; a flat or falling line is normal.
+#   to grow with `T`; a level or falling row is normal.
 # * bfloat16 is not "float16 with less precision" for training: its range avoids the overflow and
-#   underflow that make float16 training need loss scaling. For inference accuracy alone, float16
-#   is the more precise of the two.
+#   underflow that make float16 training need loss scaling (the overflow is shown below). For
+#   accuracy within range, float16 is the more precise of the two.
+#
+# ## Memory against sequence length
+#
+# Peak memory of one forward call for `T` = 128 to 4096, read from a recorded benchmark run (the
+# [Benchmarks page](../../benchmarks/) charts it with time; `peak_memory_bytes` is defined on the
+# [schema page](../../benchmark-schema/#memory)). Classes that build the `(T, T)` scores of every
+# head at once grow like `T²`. A fused kernel's own work needs memory in proportion to `T`; a dense
+# `(T, T)` mask handed to it, as `sdpa_mask` does, still grows like `T²`.
+
+# %%
+recorded = render.load_result(render.RESULTS_DIR / "cpu-intel-xeon-2c-float32.json")
+config = recorded["config"]
+sweep = [row for row in render.sweep_rows(recorded, "forward") if row["status"] == "ok" and row["peak_memory_bytes"]]
+memory = {(row["label"], row["seq_len"]): row["peak_memory_bytes"] for row in sweep}
+backends = {(row["label"], row["seq_len"]): ", ".join(row["sdpa_backends"] or ["n/a"]) for row in sweep}
+print(f"{recorded['provenance']['device']['name']}, {recorded['dtype']}, recorded {recorded['provenance']['date_utc']}; "
+      f"B={config['sweep_batch']}, d_model={config['d_model']}, {config['num_heads']} heads"
+      + (" (the sources have changed since: a stale run)" if render.is_stale(recorded) else ""))
+
+# %% tags=["hide-input"]
+show_markdown(render.sweep_table(recorded, "forward", "peak_memory_bytes"))
+T_max = max(T for _, T in memory)
+naive, fused = memory.get(("split_heads", T_max)), memory.get(("sdpa_causal", T_max))
+if naive and fused:
+    heads = config["num_heads"]
+    score_bytes = heads * T_max * T_max * torch.finfo(getattr(torch, recorded["dtype"])).bits // 8
+    half_naive, half_fused = memory.get(("split_heads", T_max // 2)), memory.get(("sdpa_causal", T_max // 2))
+    show_markdown(
+        f"An earlier draft of these pages claimed \"about 1.5 GB vs 0.1 GB at T = 4096\" for naive against fused "
+        f"attention. This run measured, at `T = {T_max}`: {naive / 1e9:.2f} GB ({naive / 2**30:.2f} GiB) for "
+        f"`split_heads`, which holds the `({heads}, T, T)` scores of all heads at once, and {fused / 1e9:.3f} GB "
+        f"({fused / 2**20:.0f} MiB) for `sdpa_causal` (SDPA backend in this run: "
+        f"{backends['sdpa_causal', T_max]}), which works through blocks of keys: {naive / fused:.0f} times less. "
+        f"One `({heads}, {T_max}, {T_max})` {recorded['dtype']} tensor is {score_bytes / 1e9:.2f} GB, so "
+        f"`split_heads` peaks at {naive / score_bytes:.1f} such tensors: each step from scores to weights makes a new "
+        f"one while the previous one is still alive. From `T = {T_max // 2}` to `{T_max}`, `split_heads` grew "
+        f"×{naive / half_naive:.1f} (`T²` would be ×4) and `sdpa_causal` ×{fused / half_fused:.1f} (`T`: ×2).")
+
+# %% [markdown]
+# ## float16: overflowing scores
+#
+# float16's largest finite number is printed below; past it a value becomes `inf`. Long
+# sequences do not by themselves push the scores there; large queries and keys do. A score is the
+# dot product of a query and a key, and where `x` holds large activations (outlier features, or
+# no normalisation before attention), `q · k` can exceed that number before the `1/sqrt(D)`
+# scaling brings it back. Then `softmax` computes `inf - inf = nan`, and the whole row of weights
+# is `nan`.
+#
+# Below, every implementation runs in float16 with the key projection set equal to the query
+# projection, so that each token's score against itself is `|q|²`, the largest in its row, on the
+# inputs of the sections above scaled up until the largest of those scores is twice float16's
+# largest number.
+
+# %%
+T = 128
+FP16_MAX = torch.finfo(torch.float16).max
+tied = dict(state, **{"key.weight": state["query.weight"].clone()})  # each token's self-score is |q|^2
+self_scores = (inputs[T].double() @ state["query.weight"].double().T).pow(2).view(1, T, H, C // H).sum(-1)  # (B, T, H)
+factor = math.sqrt(2 * FP16_MAX / self_scores.max().item())  # the scores grow with the square of the inputs
+x_large = inputs[T] * factor
+half_state = {key: value.half() for key, value in tied.items()}
+q_large = F.linear(x_large.half(), half_state["query.weight"]).double().view(1, T, H, C // H)  # (B, T, H, D)
+largest_scaled_score = q_large.pow(2).sum(-1).max().item() / math.sqrt(C // H)
+print(f"inputs x {factor:.0f}; largest finite float16: {FP16_MAX:.0f}; largest |x|: {x_large.abs().max().item():.0f}; "
+      f"largest self-score |q|^2 before scaling: {q_large.pow(2).sum(-1).max().item():.0f}, "
+      f"after the 1/sqrt(D) scaling: {largest_scaled_score:.0f}; float16 numbers there are "
+      f"{2.0 ** (math.floor(math.log2(largest_scaled_score)) - 10):.0f} apart")
+overflow_outputs, overflow_errors = {}, {}  # per implementation: (B, T, C) output; (B, T) largest error per position
+for name, cls in IMPLEMENTATIONS.items():
+    module = cls(C, C, T, 0.0, H).eval()
+    module.load_canonical_state_dict(tied)
+    module = module.half()
+    expected, _ = reference_causal_self_attention(x_large.half(), half_state, H, cls.position_encoding)  # float64
+    with torch.no_grad():
+        overflow_outputs[name] = module(x_large.half())  # (B, T, C)
+    overflow_errors[name] = (overflow_outputs[name].double() - expected).abs().amax(dim=-1)  # (B, T), nan where nan
+finite_everywhere = torch.stack([~out.isnan().any(dim=-1) for out in overflow_outputs.values()]).all(dim=0)  # (B, T)
+print(f"largest |reference output|: {expected.abs().max().item():.0f}")
+
+# %% tags=["hide-input"]
+show_table(f"float16, inputs x {factor:.0f}, query = key projection, T = {T}",
+           ["implementation", "positions with nan outputs",
+            f"max |error| over the {finite_everywhere.sum().item()} positions finite in every implementation"],
+           [[f"`{name}`", f"{out.isnan().any(dim=-1).sum().item()} of {T}",
+             f"{overflow_errors[name][finite_everywhere].max().item():.2f}"] for name, out in overflow_outputs.items()])
+
+# %% [markdown]
+# The implementations with `nan` outputs compute `q @ k.T` in float16 and scale it afterwards:
+# the product overflows before the division can help. The others avoid it in one of two ways:
+#
+# * `nn.MultiheadAttention` with `need_weights=True` (`torch_mha_weights`) multiplies `q` by
+#   `1/sqrt(D)` before its matmul (`torch.nn.functional.multi_head_attention_forward`).
+# * The SDPA CPU kernel ([FlashAttention](../../glossary/#flashattention)'s scheme) and
+#   FlexAttention's compiled CPU kernel write `q @ k.T` into a float32 buffer, scale it there and
+#   keep the running maximum of the softmax in float32; the
+#   [math kernel](../../glossary/#math-kernel), forced below, stays finite too.
+#
+# Finite is not accurate. At this magnitude the float16 rounding of the inputs, the projections
+# and the outputs costs every implementation far more than in the sections above (compare the
+# last column with the largest output); `rope` also rotates its queries and keys in float16
+# before SDPA, one more rounding of large numbers. The attention step alone, on `(B, H, T, D)`
+# tensors with the same queries and keys, separates the two fixes: scaling `q` first avoids the
+# overflow but still rounds every score to float16, whose numbers near the largest scaled score
+# are several units apart (printed above); a kernel that keeps the scores in float32 does not
+# round them.
+
+# %%
+q = k = q_large.transpose(1, 2).half()  # (B, H, T, D): queries equal to keys, as above
+v = torch.randn(1, H, T, C // H).half()  # (B, H, T, D)
+causal = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T), True = attend
+exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=causal)  # float64
+
+
+def report(label, out):
+    print(f"{label:<48} nan outputs: {out.isnan().sum().item():>5}, "
+          f"max |error| elsewhere: {(out.double() - exact).abs()[~out.isnan()].max().item():.1e}")
+
+
+scores = (q @ k.transpose(-2, -1)) / math.sqrt(C // H)  # (B, H, T, T): overflows, then scaled
+report("q @ k.T, then scaled", torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v)
+scores = (q / math.sqrt(C // H)) @ k.transpose(-2, -1)  # (B, H, T, T): scaled first
+report("q scaled, then @ k.T", torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v)
+for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.MATH):
+    with sdpa_kernel(backend):
+        report(f"F.scaled_dot_product_attention, {backend.name}", F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+# %% [markdown]
+# ### Long sequences and the softmax's sum
+#
+# Where length does matter is the softmax's denominator: a sum of `T` terms of at most 1 each. A
+# hand-written softmax that keeps that sum in float16 overflows once it passes the largest finite
+# float16, here with equal scores over 70,000 keys, and every weight becomes 0. `torch.softmax`,
+# SDPA and FlexAttention's CPU kernel keep that sum in float32 (checked below for the first two),
+# so the implementations on this site, which all use one of them, are safe from it.
+
+# %%
+long_scores = torch.zeros(70_000, dtype=torch.float16)  # one query's equal scores over 70,000 keys
+exp_scores = torch.exp(long_scores - long_scores.max())
+print(f"hand-written: the sum in float16 is {exp_scores.sum().item()}, "
+      f"the weights sum to {(exp_scores / exp_scores.sum()).double().sum().item()}")
+print(f"torch.softmax in float16: the weights sum to {torch.softmax(long_scores, dim=-1).double().sum().item():.4f}")
+values = torch.randn(1, 1, 70_000, 16).half()  # (B, H, Tk, D)
+out = F.scaled_dot_product_attention(torch.zeros(1, 1, 1, 16).half(), torch.zeros(1, 1, 70_000, 16).half(), values)
+print(f"SDPA in float16, one query, equal scores: max |out - mean of the values| = "
+      f"{(out.double() - values.double().mean(dim=2, keepdim=True)).abs().max().item():.1e}")

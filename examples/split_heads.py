@@ -1,8 +1,13 @@
 # %% [markdown]
 # # Split heads and fused QKV
 #
-# Two registered classes that compute causal multi-head self-attention with one batched matmul
-# for all heads:
+# This page shows how one batched matmul replaces the loop over heads, how the three projections
+# fuse into one, and what follows from it: heads are interchangeable, GPT-2's sizes, the
+# initialisation and dropout the package uses. It builds on the [stacked-heads](../stacked_heads/)
+# page; the letters are on the [notation page](../../notation/).
+#
+# Two registered classes compute causal multi-head self-attention with one batched matmul for all
+# heads:
 #
 # * `SplitHeadsAttention` (`attention/causal/split_heads.py`, `split_heads`): separate query, key
 #   and value projections, the form of nanoGPT's ancestors and of *Build a Large Language Model
@@ -16,7 +21,8 @@
 # projections of `D` features each are one projection of `H * D = d_out` features, cut into `H`
 # slices. So: project once to `d_out` features, *view* the last dimension as `(H, D)`, move the
 # head dimension in front of the sequence dimension, and one batched matmul computes every head's
-# `(T, T)` score matrix at once (batch dimensions `B` and `H`). Fusing the three projections
+# `(T, T)` score matrix at once (batch dimensions `B` and `H`); one `(T, T)`
+# [causal mask](../../glossary/#causal-mask) broadcasts over both. Fusing the three projections
 # into one `Linear` goes one step further: one larger matmul instead of three.
 # ("Attention Is All You Need", section 3.2.2, https://arxiv.org/abs/1706.03762.)
 
@@ -24,10 +30,12 @@
 import math
 
 import torch
+from torch import nn
 
+from attention import IMPLEMENTATIONS
 from attention.causal.fused_qkv import FusedQKVAttention
 from attention.causal.split_heads import SplitHeadsAttention, init_family, project_heads
-from attention.display import show_shape, show_source
+from attention.display import show_markdown, show_shape, show_source, show_table
 from attention.reference import reference_causal_self_attention
 
 # %% [markdown]
@@ -84,20 +92,21 @@ print("fused.qkv.weight:", tuple(fused.qkv.weight.shape), "= query, key and valu
 # (`# Same as attention/causal/split_heads.py::project_heads`, kept identical by a test), so each
 # file stays a single file that imports only torch.
 
-# %%
+# %% tags=["hide-input"]
 show_source(SplitHeadsAttention.__init__)
 show_source(SplitHeadsAttention.forward)
 show_source(init_family)
 show_source(project_heads)
 
-# %%
+# %% tags=["hide-input"]
 show_source(FusedQKVAttention.__init__)
 show_source(FusedQKVAttention.forward)
 
 # %% [markdown]
 # ## Checked against the float64 reference
 #
-# The same canonical weights go into both modules; both are compared with the reference.
+# The same weights, in the [canonical state dict](../../glossary/#canonical-state-dict) form every
+# class exports, go into both modules; both are compared with the reference.
 
 # %%
 x = torch.randn(2, 16, 32)
@@ -111,6 +120,172 @@ with torch.no_grad():
         error = (module(x).double() - expected).abs().max().item()
         print(f"{name:<12} max |out - reference| = {error:.2e}  (float32)")
         assert error < 1e-5, (name, error)
+
+# %% [markdown]
+# ## The heads have no order
+#
+# Each head computes its own softmax over its own `D` features; the heads meet only in the output
+# projection, which sees their outputs side by side. So relabelling the heads changes nothing:
+# move head `h`'s block of `D` rows in the query, key and value weights (and biases) to a new
+# place, move the matching block of `D` *columns* of the output weight with it, and the module
+# computes the same function. The heads are told apart only by their weights, which start out
+# different because they are drawn at random. (ALiBi is the exception: it gives each head index
+# its own slope, so there reordering the heads changes the model; see
+# [Position encodings](../positional/).)
+
+# %%
+torch.manual_seed(0)
+H, D = 4, 8
+module = SplitHeadsAttention(32, H * D, context_length=16, dropout=0.0, num_heads=H, qkv_bias=True).eval()
+state = module.canonical_state_dict()
+head_order = torch.tensor([2, 0, 3, 1])  # new head h is old head head_order[h]
+rows = (head_order[:, None] * D + torch.arange(D)).reshape(H * D)  # (H*D,): old index of each new row
+permuted = {name: state[name][rows] for name in state if not name.startswith("out.")}  # q/k/v weights, biases
+permuted["out.weight"] = state["out.weight"][:, rows]  # (d_out, H*D): the matching input columns
+permuted["out.bias"] = state["out.bias"]
+relabelled = SplitHeadsAttention(32, H * D, context_length=16, dropout=0.0, num_heads=H, qkv_bias=True).eval()
+relabelled.load_canonical_state_dict(permuted)
+
+with torch.no_grad():
+    q_before, _, _ = project_heads(module, x)  # (B, H, T, D)
+    q_after, _, _ = project_heads(relabelled, x)  # (B, H, T, D)
+    print("new head h = old head head_order[h]:", torch.equal(q_after, q_before[:, head_order]))
+    print(f"max |output difference| = {(relabelled(x) - module(x)).abs().max().item():.1e}")
+    permuted["out.weight"] = state["out.weight"]  # forget to move the output columns
+    relabelled.load_canonical_state_dict(permuted)
+    difference = (relabelled(x) - module(x)).abs().max().item()
+    print(f"without moving out.weight's columns: max |output difference| = {difference:.1e}")
+
+# %% [markdown]
+# The first difference is float32 rounding (the output projection sums its terms in another
+# order); the second is a different function.
+#
+# ## GPT-2 small, counted
+#
+# GPT-2 small's sizes; its `c_attn` has biases, so the count that matches it is the one with
+# `qkv_bias=True`:
+
+# %%
+d_model, num_heads, context_length = 768, 12, 1024  # GPT-2 small's attention
+n_layer, vocab_size, mlp_width = 12, 50257, 4 * d_model  # the rest of GPT-2 small, for its total
+
+# %% [markdown]
+# Every registered class built with these sizes, against `torch.nn.MultiheadAttention(d_model,
+# num_heads)` and the count of GPT-2's own `c_attn` and `c_proj` layers:
+
+# %% tags=["hide-input"]
+def parameter_count(module):
+    return sum(p.numel() for p in module.parameters())
+
+
+torch_mha_count = {bias: parameter_count(nn.MultiheadAttention(d_model, num_heads, bias=bias)) for bias in (True, False)}
+gpt2_attention = (d_model * 3 * d_model + 3 * d_model) + (d_model * d_model + d_model)  # c_attn + c_proj, with biases
+counts = {}
+for name, cls in IMPLEMENTATIONS.items():
+    modules = {bias: cls(d_model, d_model, context_length, 0.0, num_heads, qkv_bias=bias) for bias in (True, False)}
+    buffer_bytes = sum(b.numel() * b.element_size() for b in modules[True].buffers())
+    counts[name] = (parameter_count(modules[True]), parameter_count(modules[False]), buffer_bytes)
+show_table(
+    f"Parameters at d_in = d_out = {d_model}, {num_heads} heads, context_length = {context_length}",
+    ["class", "qkv_bias=True", "= nn.MultiheadAttention(bias=True)", "qkv_bias=False", "buffers (MiB)"],
+    [[f"`{name}`", f"{with_bias:,}", with_bias == torch_mha_count[True], f"{without_bias:,}", f"{buffer_bytes / 2**20:.2f}"]
+     for name, (with_bias, without_bias, buffer_bytes) in counts.items()]
+    + [[f"`nn.MultiheadAttention({d_model}, {num_heads}, bias=...)`", f"{torch_mha_count[True]:,}", "",
+        f"{torch_mha_count[False]:,}", ""],
+       ["GPT-2 `c_attn` + `c_proj`", f"{gpt2_attention:,}", gpt2_attention == torch_mha_count[True], "", ""]])
+
+matching = [name for name, (with_bias, _, _) in counts.items() if with_bias == torch_mha_count[True]]
+without_bias = {without for _, without, _ in counts.values()}
+per_layer = gpt2_attention + 2 * 2 * d_model + (d_model * mlp_width + mlp_width) + (mlp_width * d_model + d_model)  # + 2 LayerNorms, MLP
+gpt2_total = vocab_size * d_model + context_length * d_model + n_layer * per_layer + 2 * d_model  # + embeddings, final LayerNorm
+show_markdown(
+    f"With `qkv_bias=True`, {len(matching)} of the {len(counts)} registered classes have exactly the "
+    f"{torch_mha_count[True]:,} parameters of `nn.MultiheadAttention({d_model}, {num_heads})` (whose `bias` "
+    f"defaults to True) and of GPT-2's "
+    f"`c_attn` + `c_proj`: `3 * {d_model}²` query, key and value weights, `{d_model}²` output weights and "
+    f"`4 * {d_model}` biases. The position encodings add none (RoPE and ALiBi are computed, not learned). "
+    f"With `qkv_bias=False` every class has {', '.join(f'{n:,}' for n in sorted(without_bias))}: "
+    f"`nn.MultiheadAttention(bias=False)` has {torch_mha_count[False]:,}, {torch_mha_count[True] - torch_mha_count[False]:,} fewer "
+    f"than with `bias=True`, because its one `bias` switch drops the output bias as well, while every class here "
+    f"keeps `out.bias` ({min(without_bias) - torch_mha_count[False]:,} parameters). The buffers, not parameters "
+    f"and not in the state dict, are the boolean `(context_length, context_length)` causal masks (one per head in "
+    f"`stacked_heads`) and the slopes of `alibi_flex`. Across GPT-2 small's {n_layer} layers the attention holds {n_layer * gpt2_attention:,} of "
+    f"the model's {gpt2_total:,} parameters ({n_layer * gpt2_attention / gpt2_total:.0%}).")
+
+# %% [markdown]
+# ## Initialisation and dropout
+#
+# **Initialisation.** Every class here, except the two built on `nn.MultiheadAttention`, keeps
+# `nn.Linear`'s default initialisation (`kaiming_uniform_(a=sqrt(5))`, that is uniform in
+# `±1/sqrt(fan_in)`, for the weights and the biases) instead of Xavier's. The reasons:
+#
+# * Tests and benchmarks never depend on it: they load one set of weights into every class through
+#   the canonical state dict.
+# * The default depends on `fan_in = d_in` only, so it draws from the same distribution whatever
+#   the layout: three `(d_out, d_in)` matrices, one fused `(3 * d_out, d_in)` matrix or `H`
+#   per-head `(D, d_in)` matrices. Xavier's bound `sqrt(6 / (fan_in + fan_out))` depends on the
+#   layout, so the "same" module would start differently in each implementation.
+# * A model usually initialises its own weights: Hugging Face's GPT-2 and nanoGPT redraw every
+#   `Linear` from `N(0, 0.02)` (the residual projections with a smaller deviation), overwriting
+#   the module's own choice. *Build a Large Language Model (From Scratch)* keeps PyTorch's
+#   defaults, which is what these classes start with.
+#
+# `nn.MultiheadAttention` itself uses `xavier_uniform_` on its `(3 * E, E)` `in_proj_weight` as one
+# matrix (so `fan_out = 3 * E`), zeros for `in_proj_bias` and `out_proj.bias`, and `nn.Linear`'s
+# default for `out_proj.weight`. The `torch_mha` and `torch_mha_weights` wrappers keep that
+# initialisation; only the output bias they add back for `qkv_bias=False` is drawn like
+# `nn.Linear`'s. The largest absolute values drawn, against each rule's bound:
+
+# %% tags=["hide-input"]
+torch.manual_seed(0)
+layouts = {
+    "`split_heads` `query.weight` (d_out, d_in)": IMPLEMENTATIONS["split_heads"](d_model, d_model, 8, 0.0, num_heads).query.weight,
+    "`fused_qkv` `qkv.weight` (3 d_out, d_in)": IMPLEMENTATIONS["fused_qkv"](d_model, d_model, 8, 0.0, num_heads).qkv.weight,
+    "`stacked_heads` head 0 `query.weight` (D, d_in)": IMPLEMENTATIONS["stacked_heads"](d_model, d_model, 8, 0.0, num_heads).heads[0].query.weight,
+}
+default_bound = 1 / math.sqrt(d_model)
+rows = [[name, f"{weight.abs().max().item():.4f}", f"{default_bound:.4f}",
+         f"{math.sqrt(6 / (weight.shape[1] + weight.shape[0])):.4f}"] for name, weight in layouts.items()]
+torch_mha_module = nn.MultiheadAttention(d_model, num_heads)
+rows.append(["`nn.MultiheadAttention` `in_proj_weight` (3 E, E)", f"{torch_mha_module.in_proj_weight.abs().max().item():.4f}",
+             f"{default_bound:.4f}", f"{math.sqrt(6 / (4 * d_model)):.4f}"])
+rows.append(["`nn.MultiheadAttention` `in_proj_bias`, `out_proj.bias`",
+             f"{max(torch_mha_module.in_proj_bias.abs().max().item(), torch_mha_module.out_proj.bias.abs().max().item()):.4f}", "", ""])
+show_table(f"Initial weights at d_model = {d_model}, {num_heads} heads",
+           ["tensor", "max abs value", "nn.Linear default bound 1/sqrt(fan_in)", "Xavier bound sqrt(6/(fan_in+fan_out))"], rows)
+
+# %% [markdown]
+# **Dropout.** `dropout` acts on the attention weights only, in training mode: right after the
+# softmax, before they multiply the values, so each query sees a random subset of its keys
+# (rescaled by `1 / (1 - p)`). The classes that call [SDPA](../../glossary/#sdpa) pass it as
+# `dropout_p`, `nn.MultiheadAttention` applies it to the weights too, and the FlexAttention
+# classes, which have no such dropout, refuse `dropout > 0`. None of the classes drops anything
+# from its output: the output (residual) dropout that some attention modules include (nanoGPT's
+# `resid_dropout`) belongs to the surrounding block here. Checked below in training mode with
+# `dropout=0.5`: the shape of the tensor each class's `nn.Dropout` receives, and how many output
+# elements are exactly zero (a dropout on the output would zero about half of them):
+
+# %% tags=["hide-input"]
+torch.manual_seed(0)
+x_train = torch.randn(2, 16, 32)  # (B, T, d_in)
+rows = []
+for name, cls in IMPLEMENTATIONS.items():
+    try:
+        module = cls(32, 32, 16, 0.5, 4).train()
+    except ValueError as error:
+        rows.append([f"`{name}`", f"ValueError: {error}", ""])
+        continue
+    seen = []
+    hooks = [m.register_forward_hook(lambda m, args, out, seen=seen: seen.append(tuple(args[0].shape)))
+             for m in module.modules() if isinstance(m, nn.Dropout)]
+    out = module(x_train)
+    for hook in hooks:
+        hook.remove()
+    where = ", ".join(sorted(set(map(str, seen)))) or ("inside SDPA (`dropout_p`)" if hasattr(module, "dropout_p")
+                                                       else "inside `nn.MultiheadAttention`")
+    rows.append([f"`{name}`", where, int((out == 0).sum())])
+show_table("dropout=0.5, training mode, x of shape (B, T, d_in) = (2, 16, 32), 4 heads",
+           ["class", "nn.Dropout input shape", "output elements exactly 0"], rows)
 
 # %% [markdown]
 # ## Pitfalls

@@ -1,35 +1,50 @@
 # %% [markdown]
 # # Stacked single heads
 #
-# `StackedHeadsAttention` (`attention/causal/stacked_heads.py`, registered as `stacked_heads`) is
-# the most literal reading of "multi-head": build `num_heads` independent single-head attention
-# modules, run them one after another, concatenate what they return, and project.
+# This page builds multi-head attention the most literal way, as `num_heads` separate single-head
+# modules, and measures what that costs. It assumes single-head causal attention as built on
+# [Attention in five minutes](../five_minutes/); the letters (`B`, `T`, `H`, `D`, ...) are on the
+# [notation page](../../notation/).
+#
+# `StackedHeadsAttention` (`attention/causal/stacked_heads.py`, registered as `stacked_heads`)
+# builds `num_heads` independent single-head attention modules, runs them one after another,
+# concatenates what they return, and projects.
 #
 # ## The idea
 #
 # One head turns each position's features into a query, a key and a value (three `Linear`
 # layers of `head_dim` outputs), scores every query against every key, hides the keys that lie in
-# the future (the causal mask), turns each row of scores into weights with a softmax, and returns
-# the weighted sum of the values. `H` such heads, each with its own weights, look at the sequence
-# in `H` different ways; their outputs, side by side, form a vector of `H * D = d_out` features,
-# and a last `Linear` mixes them.
+# the future (the [causal mask](../../glossary/#causal-mask)), turns each row of scores into
+# weights with a softmax, and returns the weighted sum of the values. `H` such heads, each with its
+# own weights, look at the sequence in `H` different ways; their outputs, side by side, form a
+# vector of `H * D = d_out` features, and a last `Linear` mixes them.
 #
-# It is the easiest version to read and the slowest to run: every head is its own small matmul,
-# launched in a Python loop. The [split-heads version](../split_heads/) computes the same thing
-# with one matmul for all heads. The letters (`B`, `T`, `H`, `D`, ...) are explained on the
-# [notation page](../../notation/).
+# It is the easiest version to read: every head is its own small matmul, launched in a Python
+# loop. The [split-heads version](../split_heads/) computes the same thing with one batched matmul
+# for all heads. The stacked one holds the scores of one head at a time instead of all heads', and
+# its loop costs time per head; how the two compare at each sequence length, the section *Speed
+# and memory* below reads from a recorded benchmark run.
+#
+# This is the `MultiHeadAttentionWrapper` of *Build a Large Language Model (From Scratch)*
+# (chapter 3) with two changes. **`d_out` means the total width here.** In the wrapper, `d_out` is
+# the size of *each* head and the output is `num_heads * d_out` wide; here `d_out` is the output
+# width, split into `num_heads` heads of `d_out // num_heads`, as in every class of the package. A
+# wrapper built as `MultiHeadAttentionWrapper(d_in, d_head, context_length, dropout, num_heads)`
+# corresponds to `StackedHeadsAttention(d_in, num_heads * d_head, context_length, dropout,
+# num_heads)`. **This class ends in an output projection**, which the wrapper lacks (see
+# *Pitfalls* at the end of the page).
 
 # %%
 import torch
 
 from attention import IMPLEMENTATIONS
 from attention.causal.stacked_heads import CausalHead, StackedHeadsAttention
-from attention.display import show_shape, show_source
+from attention.display import show_markdown, show_shape, show_source, show_table
 from attention.reference import reference_causal_self_attention
 
 torch.manual_seed(0)
 
-print(IMPLEMENTATIONS["stacked_heads"] is StackedHeadsAttention)
+print("registered as 'stacked_heads':", IMPLEMENTATIONS["stacked_heads"] is StackedHeadsAttention)
 
 # %% [markdown]
 # ## Shapes, step by step
@@ -67,8 +82,8 @@ print("causal mask of the first head (True = attend):")
 print(module.heads[0].causal_mask[:T, :T].int())
 
 # %% [markdown]
-# The weights of one head for the first sequence: row `i` is query position `i`, column `j` key
-# position `j`. Every row sums to 1 and has zeros above the diagonal: no position looks ahead.
+# The weights of the last head for the first sequence: row `i` is query position `i`, column `j`
+# key position `j`. Every row sums to 1 and has zeros above the diagonal: no position looks ahead.
 
 # %%
 print(weights[0].detach().numpy().round(3))
@@ -78,16 +93,17 @@ print(weights[0].detach().numpy().round(3))
 #
 # Shown from the installed package at build time, so this page cannot drift from it.
 
-# %%
+# %% tags=["hide-input"]
 show_source(CausalHead)
 show_source(StackedHeadsAttention)
 
 # %% [markdown]
 # ## Checked against the float64 reference
 #
-# Every implementation exports its weights in one shared ("canonical") form, the one
-# `attention.reference` reads. Head `h`'s query rows become rows `h*D:(h+1)*D` of one
-# `(d_out, d_in)` query matrix, and likewise for keys and values.
+# Every implementation exports its weights in one shared form, the
+# [canonical state dict](../../glossary/#canonical-state-dict) that `attention.reference` reads.
+# Head `h`'s query rows become rows `h*D:(h+1)*D` of one `(d_out, d_in)` query matrix, and
+# likewise for keys and values.
 
 # %%
 x = torch.randn(2, 16, 32)
@@ -104,16 +120,175 @@ print(f"max |out - reference| = {error:.2e}  (float32)")
 assert error < 1e-5, error
 
 # %% [markdown]
+# ## Speed and memory, from a recorded run
+#
+# The numbers below are read at build time from the benchmark run recorded in
+# `docs/results/cpu-intel-xeon-2c-float32.json` (how it is measured: the
+# [Benchmarks](../../benchmarks/) page). "peak MiB" is the tensor memory of one call at its worst
+# moment. A row is called faster or slower only when the two
+# [interquartile ranges](../../glossary/#iqr) of time do not overlap; otherwise the run cannot
+# tell the two apart ("tied"). `sdpa_causal`, the [SDPA](../../glossary/#sdpa) version, is listed
+# for scale.
+
+# %% tags=["hide-input"]
+from attention.bench import render
+
+RECORDED_RUN = "cpu-intel-xeon-2c-float32.json"
+result = render.load_result(render.RESULTS_DIR / RECORDED_RUN)
+config = result["config"]
+rows = {(r["implementation"], r["mode"], r["batch"], r["seq_len"]): r for r in result["rows"]
+        if not r["compiled"] and r["status"] == "ok" and r["correct"]}
+
+
+def verdict(stacked, split):
+    """'faster', 'slower' or 'tied' for stacked_heads against split_heads: do their IQRs of time overlap?"""
+    if stacked["ms_q3"] < split["ms_q1"]:
+        return "faster"
+    if stacked["ms_q1"] > split["ms_q3"]:
+        return "slower"
+    return "tied"
+
+
+def shapes_text(shapes):
+    """'T = 128, 256 and B = 8, T = 1024' for [(1, 128), (1, 256), (8, 1024)]: sweep lengths first."""
+    sweep = [str(seq_len) for batch, seq_len in shapes if batch == config["sweep_batch"]]
+    others = [f"B = {batch}, T = {seq_len}" for batch, seq_len in shapes if batch != config["sweep_batch"]]
+    return " and ".join(([f"T = {', '.join(sweep)}"] if sweep else []) + others)
+
+
+comparisons = []  # (mode, batch, seq_len, stacked row, split row, sdpa_causal row or None), in the run's order
+for mode in config["modes"]:
+    for batch, seq_len in config["shapes"]:
+        stacked, split = rows.get(("stacked_heads", mode, batch, seq_len)), rows.get(("split_heads", mode, batch, seq_len))
+        if stacked and split:
+            comparisons.append((mode, batch, seq_len, stacked, split, rows.get(("sdpa_causal", mode, batch, seq_len))))
+
+show_markdown(
+    f"Recorded on {result['provenance']['date_utc'][:10]} on {result['provenance']['device']['name']} "
+    f"({result['provenance']['device']['torch_num_threads']} threads), {result['dtype']}, d_model = {config['d_model']}, "
+    f"{config['num_heads']} heads (head size {config['head_dim']}); the sweep uses batch B = {config['sweep_batch']}.")
+show_table(
+    "stacked_heads against split_heads",
+    ["mode", "B", "T", "stacked ms", "split ms", "stacked / split", "stacked is", "stacked peak MiB",
+     "split peak MiB", "split / stacked", "sdpa_causal ms"],
+    [[render.MODE_TITLES[mode], batch, seq_len, f"{stacked['ms_median']:.1f}", f"{split['ms_median']:.1f}",
+      f"{stacked['ms_median'] / split['ms_median']:.2f}", verdict(stacked, split),
+      f"{stacked['peak_memory_bytes'] / 2**20:.1f}", f"{split['peak_memory_bytes'] / 2**20:.1f}",
+      f"{split['peak_memory_bytes'] / stacked['peak_memory_bytes']:.1f}",
+      "—" if sdpa is None else f"{sdpa['ms_median']:.1f}"]
+     for mode, batch, seq_len, stacked, split, sdpa in comparisons])
+
+summary = []
+for mode in config["modes"]:
+    in_mode = [c for c in comparisons if c[0] == mode]
+    by_verdict = {}
+    for _, batch, seq_len, stacked, split, _ in in_mode:
+        by_verdict.setdefault(verdict(stacked, split), []).append((batch, seq_len))
+    parts = [f"{word} at {shapes_text(shapes)}" for word, shapes in sorted(by_verdict.items())]
+    ratios = [split["peak_memory_bytes"] / stacked["peak_memory_bytes"] for *_, stacked, split, _ in in_mode]
+    summary.append(f"* **{render.MODE_TITLES[mode].capitalize()}.** Time: `stacked_heads` is {'; '.join(parts)}. Peak memory: "
+                   f"`split_heads` needs {min(ratios):.1f} to {max(ratios):.1f} times as much as `stacked_heads`.")
+_, batch, seq_len, stacked, split, _ = max((c for c in comparisons if c[0] == "forward"), key=lambda c: c[1] * c[2])
+one_head_scores = batch * seq_len * seq_len * 4  # bytes of one head's (B, T, T) float32 scores
+all_heads_scores = one_head_scores * config["num_heads"]  # (B, H, T, T)
+summary.append(
+    f"* **Where the memory goes** (forward, B = {batch}, T = {seq_len}): `split_heads` peaks at "
+    f"{split['peak_memory_bytes'] / all_heads_scores:.1f} times the size of one `(B, H, T, T)` score tensor "
+    f"({all_heads_scores / 2**20:.0f} MiB), `stacked_heads` at {stacked['peak_memory_bytes'] / one_head_scores:.1f} "
+    f"times one head's `(B, T, T)` ({one_head_scores / 2**20:.0f} MiB).")
+with_sdpa = [c for c in comparisons if c[5] is not None]
+sdpa_wins = [c for c in with_sdpa if c[5]["ms_median"] < min(c[3]["ms_median"], c[4]["ms_median"])]
+summary.append(f"* `sdpa_causal` has the lowest median time of the three in {len(sdpa_wins)} of the "
+               f"{len(with_sdpa)} rows.")
+changed = [path for path in render.changed_sources(result)
+           if path in ("attention/causal/stacked_heads.py", "attention/causal/split_heads.py")]
+summary.append("* " + (f"{' and '.join(f'`{path}`' for path in changed)} changed since this run." if changed
+                       else "Neither `stacked_heads.py` nor `split_heads.py` has changed since this run."))
+show_markdown("\n".join(summary))
+
+# %% [markdown]
+# Both classes do the same arithmetic; what differs is how the work is cut up.
+#
+# * **Memory.** Without gradients, `stacked_heads` computes one head's `(B, T, T)` scores,
+#   weights and output, and frees them before the next head starts. `split_heads` holds the
+#   `(B, H, T, T)` scores of all heads at once, and at its peak more than one tensor of that size
+#   (scaled scores, masked scores, weights), so its peak is larger by a factor of the order of
+#   `H`. With gradients (forward + backward) both must keep every head's attention weights for
+#   the backward pass, so the gap narrows.
+# * **A fixed price per head.** `stacked_heads` runs `3H` projection matmuls `d_in -> D` instead
+#   of 3 of `d_in -> d_out` (small matmuls keep the cores less busy), `2H` attention matmuls and a
+#   Python loop. This costs most, relative to the rest, at short lengths. The view and transposes
+#   of `split_heads` cost little by comparison: they copy tensors of `(B, T, d_out)` size, never
+#   `(T, T)`.
+# * **Passes over score-sized tensors.** The attention core is a few passes over `(T, T)`-sized
+#   data: scale, mask, softmax, weighted sum. `split_heads` makes each pass over all `H` heads at
+#   once, on tensors too large for the CPU caches and freshly allocated on every call.
+#   `stacked_heads` makes the same passes one head at a time, on tensors `H` times smaller, which
+#   helps as long as one head's `(T, T)` is small enough to stay in cache between passes. This part
+#   grows like `T²`; which effect wins at which length is the table's verdict, and it differs
+#   between machines.
+
+# %% [markdown]
 # ## Pitfalls
 #
-# * **No output projection.** The widely copied version of this class concatenated the heads and
-#   stopped there. Every other implementation (and the original Transformer) ends with an output
-#   projection, so weights could not move between that class and the others, and the model had
-#   one `Linear` fewer than it claimed. This one adds `self.out`.
-# * **A mask buffer per head.** Each `CausalHead` keeps its own `(context_length, context_length)`
-#   causal mask; it is registered with `persistent=False`, so it stays out of the state dict. A
-#   sequence longer than `context_length` raises a clear error instead of failing inside the
-#   mask indexing:
+# * **No output projection.** The book's wrapper concatenates the heads and stops there. The
+#   original Transformer and every other class here end with an output projection `W^O`, so the
+#   wrapper's weights cannot move to or from the other classes. This class adds `self.out`.
+# * **A mask buffer used whole.** Each head keeps a `(context_length, context_length)` causal mask.
+#   Copies of the wrapper that apply it whole, without cutting it to the input's length
+#   (`causal_mask[:T, :T]`, as `CausalHead.forward` does), work only when `T == context_length`
+#   exactly. Below, a wrapper built that way (`d_out` per head, no output projection, the mask
+#   applied whole; this project started from one) next to this class, converted as above. With the
+#   same head weights and an identity output projection, both agree at `T = context_length`; at a
+#   shorter `T` the wrapper fails:
+
+# %%
+from torch import nn
+
+
+class UnslicedMaskHead(CausalHead):
+    """A `CausalHead` whose forward applies the whole `(context_length, context_length)` mask."""
+
+    def forward(self, x):
+        q, k, v = self.query(x), self.key(x), self.value(x)  # (B, T, D) each
+        scores = q @ k.transpose(1, 2) / q.shape[-1] ** 0.5  # (B, T, T)
+        scores = scores.masked_fill(~self.causal_mask, float("-inf"))  # works only if T == context_length
+        return torch.softmax(scores, dim=-1) @ v  # (B, T, D)
+
+
+class UnslicedMaskWrapper(nn.Module):
+    """The wrapper: `d_out` is each head's size, the output `num_heads * d_out` wide, no projection."""
+
+    def __init__(self, d_in, d_out, context_length, num_heads):
+        super().__init__()
+        self.heads = nn.ModuleList(UnslicedMaskHead(d_in, d_out, context_length, 0.0) for _ in range(num_heads))
+
+    def forward(self, x):
+        return torch.cat([head(x) for head in self.heads], dim=-1)  # (B, T, num_heads * d_out)
+
+
+d_in, d_head, context_length, num_heads = 6, 2, 8, 2
+wrapper = UnslicedMaskWrapper(d_in, d_head, context_length, num_heads).eval()
+ours = StackedHeadsAttention(d_in, num_heads * d_head, context_length, 0.0, num_heads).eval()  # total width
+with torch.no_grad():
+    for wrapper_head, our_head in zip(wrapper.heads, ours.heads):
+        our_head.load_state_dict(wrapper_head.state_dict())  # the same q, k, v weights per head
+    ours.out.weight.copy_(torch.eye(num_heads * d_head))  # an identity output projection
+    ours.out.bias.zero_()
+    for T in (context_length, 4):
+        x = torch.randn(1, T, d_in)
+        try:
+            wrapper_out = wrapper(x)
+            print(f"T = {T}: wrapper {tuple(wrapper_out.shape)}, ours {tuple(ours(x).shape)}, "
+                  f"same values: {torch.allclose(wrapper_out, ours(x))}")
+        except RuntimeError as error:
+            print(f"T = {T}: wrapper raises RuntimeError: {error}")
+            print(f"T = {T}: ours {tuple(ours(x).shape)}")
+
+# %% [markdown]
+# * **A mask buffer per head.** Each `CausalHead` keeps its own causal mask, registered with
+#   `persistent=False`, so it stays out of the state dict. A sequence longer than `context_length`
+#   raises a clear error instead of failing inside the mask indexing:
 
 # %%
 try:
@@ -122,6 +297,7 @@ except ValueError as error:
     print("ValueError:", error)
 
 # %% [markdown]
-# * **Speed.** `H` heads mean `3H + 1` small matmuls for the projections and `2H` for the
-#   attention, in a Python loop. Use it to read, and the [split-heads](../split_heads/) or
-#   [SDPA](../sdpa/) versions to run.
+# * **Speed depends on the length and the machine.** The loop over heads is a fixed cost per
+#   call, the all-heads score tensors of the batched versions a cost growing like `T²`: measure at
+#   the lengths you use (`python -m attention.bench`). For speed, use the [SDPA](../sdpa/)
+#   versions, whose fused kernels never store the `(T, T)` scores.

@@ -4,7 +4,8 @@
   run it; the figures it makes are counted (tests/run_example.py).
 * The ```python code blocks of each page under docs/ run in order, in one fresh namespace per
   page. A block whose first line is `# skip-test` is not run: use it for code that needs a GPU,
-  the network or minutes of time, and say so in the page.
+  the network or minutes of time, and say so in the page. A block that includes a package file
+  (`--8<-- "attention/..."`) is not run either: the file is the package's own, tested as such.
 * `mkdocs build --strict` succeeds (the `built_site` fixture in conftest.py), its pages load
   nothing from other hosts, and a failing example cell fails the build.
 * What the reader sees: every example page shows exactly as many images as its script makes
@@ -36,6 +37,7 @@ SLOW_SCRIPTS = {"benchmark.py"}
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<ticks>```+)[ \t]*(?P<info>[^\n`]*)\n(?P<body>.*?)^(?P=indent)(?P=ticks)[ \t]*$",
                    re.MULTILINE | re.DOTALL)
 SKIP_MARK = "# skip-test"
+SNIPPET_MARK = "--8<--"  # the API pages include each causal file whole; the file itself is tested
 
 
 @pytest.mark.parametrize("script", [
@@ -74,8 +76,8 @@ def test_markdown_python_blocks_run(page, monkeypatch):
     monkeypatch.chdir(ROOT)
     namespace = {"__name__": "__docs__"}
     for line, body in python_blocks(page):
-        if body.lstrip().startswith(SKIP_MARK):
-            continue
+        if body.lstrip().startswith((SKIP_MARK, SNIPPET_MARK)):
+            continue  # skipped on purpose, or a whole package file included by pymdownx.snippets
         code = compile(body, f"{page.relative_to(ROOT)}:{line}", "exec")
         exec(code, namespace)  # noqa: S102 -- running the documentation's own examples is the point
 
@@ -84,6 +86,63 @@ def test_every_page_with_code_is_tested():
     """The home page and the getting-started page carry runnable examples; a regex change must not lose them."""
     tested = {page.relative_to(ROOT / "docs").as_posix() for page in PAGES if python_blocks(page)}
     assert {"index.md", "getting-started.md"} <= tested, tested
+
+
+INLINE_CALL = re.compile(r"(?<!`)`(?P<code>[A-Za-z_][\w.]*(?:\[[^\]`]*\])?\([^`]*\))`(?!`)")
+# Inline calls that name a method or a device-only function in running text rather than a call a
+# reader can paste: `canonical_state_dict()` on some module, CUDA/MPS allocator functions.
+NOT_PASTEABLE = {"canonical_state_dict()", "load_canonical_state_dict()", "backward(grad_output)",
+                 "reset_peak_memory_stats()", "memory_allocated()", "mask_mod(b, h, q_idx, kv_idx)",
+                 "torch.cuda.max_memory_allocated()", "torch.mps.driver_allocated_memory()", "torch.mps.empty_cache()"}
+
+
+def inline_calls(text):
+    """The inline code spans of Markdown text (tables included) that show a call, outside code fences."""
+    text = FENCE.sub("", text)
+    return [match["code"] for match in INLINE_CALL.finditer(text)]
+
+
+def inline_call_namespace():
+    """What a reader of these pages has at hand: the package, a module, an input and a mask."""
+    import platform
+
+    import torch
+
+    import attention
+    from attention import MultiHeadAttention
+    from attention.bench import render
+
+    d_in = d_out = d_model = 64
+    x = torch.randn(2, 8, d_model)  # (B, T, d_in)
+    cls = attention.IMPLEMENTATIONS["sdpa_causal"]
+    module = cls(d_in, d_out, 16, 0.0, 4)
+    return dict(torch=torch, platform=platform, attention=attention, render=render, MultiHeadAttention=MultiHeadAttention,
+                d_in=d_in, d_out=d_out, d_model=d_model, num_heads=4, context_length=16, dropout=0.0, qkv_bias=False,
+                cls=cls, module=module, x=x, mha=MultiHeadAttention(d_model, 4),
+                mask=torch.ones(8, 8, dtype=torch.bool).tril(),  # (Tq, Tk), True = attend
+                result=render.load_result(render.find_results()[0]))
+
+
+def test_inline_call_pattern_finds_table_cells_and_skips_fences():
+    text = "| a | `mha(x, mask=mask)` |\n\nSee `IMPLEMENTATIONS[\"einsum\"](1, 2)` and `name`.\n\n```python\nf(`g()`)\n```\n"
+    assert inline_calls(text) == ["mha(x, mask=mask)", 'IMPLEMENTATIONS["einsum"](1, 2)']
+
+
+@pytest.mark.parametrize("page", [pytest.param(page, id=str(page.relative_to(ROOT))) for page in [*PAGES, ROOT / "README.md"]
+                                  if inline_calls(page.read_text(encoding="utf-8"))])
+def test_inline_calls_in_markdown_run_as_written(page, monkeypatch):
+    """A call shown in running text or a table cell runs when pasted, not only the fenced examples."""
+    monkeypatch.chdir(ROOT)
+    namespace = inline_call_namespace()
+    failures = []
+    for code in inline_calls(page.read_text(encoding="utf-8")):
+        if code in NOT_PASTEABLE:
+            continue
+        try:
+            eval(code, dict(namespace))  # noqa: S307 -- running the documentation's own calls is the point
+        except Exception as error:  # noqa: BLE001 -- every failure is reported with its call
+            failures.append(f"`{code}`: {type(error).__name__}: {error}")
+    assert not failures, f"{page.name}: calls that fail as written:\n" + "\n".join(failures)
 
 
 def test_examples_define_no_display_helpers():
@@ -270,6 +329,67 @@ def test_no_page_shows_an_object_repr(built_site):
         text = page.read_text(encoding="utf-8")
         found += [f"{page.relative_to(built_site)}: {match.group(0)}" for match in OBJECT_REPR.finditer(text)]
     assert not found, "object reprs a reader has no use for:\n" + "\n".join(found[:30])
+
+
+INPUT_CODE = re.compile(r'class="jp-InputArea[^"]*".*?<pre>(?P<code>.*?)</pre>', re.DOTALL)
+# Display plumbing: cells that only hand results to attention.display are tagged "hide-input".
+PLUMBING_CALLS = ("show_source(", "show_markdown(", "show_table(")
+
+
+def visible_code(html):
+    """The code of every input cell an example page shows, as text."""
+    import html as html_lib
+
+    return [html_lib.unescape(re.sub(r"<[^>]+>", "", match["code"])) for match in INPUT_CODE.finditer(html)]
+
+
+@pytest.mark.slow
+def test_example_pages_hide_their_display_plumbing(built_site):
+    shown, cells = [], 0
+    for script in EXAMPLES:
+        html = (pathlib.Path(built_site) / "examples" / script.stem / "index.html").read_text(encoding="utf-8")
+        for code in visible_code(html):
+            cells += 1
+            shown += [f"{script.name}: {call}" for call in PLUMBING_CALLS if call in code]
+    assert cells > 3 * len(EXAMPLES), f"found only {cells} visible code cells: the pattern no longer matches"
+    assert not shown, "tag these cells `# %% tags=[\"hide-input\"]`:\n" + "\n".join(shown)
+
+
+@pytest.mark.slow
+def test_generated_lists_are_on_their_pages(built_site):
+    """Lists generated from the code at build time: the registry, the class limits, the quick profile."""
+    import attention
+    from attention.bench.harness import quick_config
+
+    site = pathlib.Path(built_site)
+    pages = {name: (site / name / "index.html").read_text(encoding="utf-8")
+             for name in ("", "api/registry", "getting-started", "benchmarks")}
+    leftover = [f"{name or 'index'}: {m}" for name, html in pages.items() for m in re.findall(r"<!-- [a-z-]+ -->", html)]
+    assert not leftover, f"placeholders left unreplaced: {leftover}"
+    registry = pages["api/registry"]
+    assert all(f"<code>{name}</code>" in registry for name in attention.IMPLEMENTATIONS), "registry page lacks a name"
+    for name in ("flex", "alibi_flex"):
+        assert re.search(rf"<code>{name}</code> refuses dropout &gt; 0", pages[""]), name
+    for name in ("torch_mha", "torch_mha_weights"):
+        assert re.search(rf"<code>{name}</code> refuses d_in != d_out", pages[""]), name
+    lengths = ", ".join(str(t) for t in quick_config().seq_lens)
+    assert f"<code>T</code> = {lengths}" in pages["getting-started"]
+    assert "Fastest correct" in pages["benchmarks"] and "tied within the spread" in pages["benchmarks"]
+
+
+@pytest.mark.slow
+def test_api_pages_of_the_causal_classes_show_forward_and_the_whole_file(built_site):
+    import attention
+
+    missing = []
+    for name, cls in attention.IMPLEMENTATIONS.items():
+        page = cls.__module__.rsplit(".", 1)[-1]
+        html = (pathlib.Path(built_site) / "api" / "causal" / page / "index.html").read_text(encoding="utf-8")
+        if f'id="{cls.__module__}.{cls.__name__}.forward"' not in html:
+            missing.append(f"{page}: {cls.__name__}.forward")
+        if "--8&lt;--" in html or f"class {cls.__name__}" not in re.sub(r"<[^>]+>", "", html):
+            missing.append(f"{page}: the whole file")
+    assert not missing, missing
 
 
 @pytest.mark.slow

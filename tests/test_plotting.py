@@ -31,6 +31,10 @@ FIGURES = {
     "alibi": (lambda: plotting.plot_alibi(6, 8), 7),
     "alibi_symmetric": (lambda: plotting.plot_alibi(4, 8, causal=False), 5),
     "attention_weights": (lambda: plotting.plot_attention_weights(torch.softmax(torch.randn(3, 5, 7), dim=-1)), 4),
+    "heatmaps": (lambda: plotting.plot_heatmaps(
+        {"float16": [[1.0, 2.5], [3.0, float("nan")]], "bfloat16": torch.tensor([[1.5, 1.0], [2.0, 4.0]])},
+        ["split_heads", "sdpa_causal"], [128, 256], "sequence length T (tokens)", "implementation",
+        "error / floor (×)", "Errors"), 3),
 }
 
 
@@ -71,6 +75,28 @@ def test_plot_errors_name_the_problem():
         plotting.plot_attention_weights(torch.rand(4, 4))
     with pytest.raises(ValueError, match="mask must be a mask_mod or a boolean"):
         plotting.plot_mask(torch.ones(3, 3))
+
+
+def test_heatmaps_write_each_value_and_label_the_rows_once():
+    fig = plotting.plot_heatmaps({"a": [[1.0, 2.0]], "b": [[3.0, float("nan")]]}, ["row"], ["c0", "c1"],
+                                 "column", "row name", "value (units)", "Two panels")
+    left, right = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    assert [text.get_text() for text in left.texts] == ["1.0", "2.0"]
+    assert [text.get_text() for text in right.texts] == ["3.0"], "a NaN cell stays blank"
+    assert [label.get_text() for label in left.get_yticklabels()] == ["row"]
+    assert left.yaxis.get_tick_params()["labelleft"] and not right.yaxis.get_tick_params()["labelleft"], \
+        "row labels only on the left panel"
+    assert [label.get_text() for label in left.get_xticklabels()] == ["c0", "c1"]
+    assert plotting.figure_alt(fig) == "Two panels"
+    with pytest.raises(ValueError, match=r"panel 'b' must be a \(rows, columns\) = \(1, 2\) table, got shape \(2,\)"):
+        plotting.plot_heatmaps({"a": [[1.0, 2.0]], "b": [1.0, 2.0]}, ["row"], ["c0", "c1"], "x", "y", "v", "t")
+    with pytest.raises(ValueError, match="log_scale needs positive values"):
+        plotting.plot_heatmaps({"a": [[0.0, 2.0]]}, ["row"], ["c0", "c1"], "x", "y", "v", "t")
+    with pytest.raises(ValueError, match="panels must be a non-empty dict"):
+        plotting.plot_heatmaps({}, ["row"], ["c0"], "x", "y", "v", "t")
+    linear = plotting.plot_heatmaps({"a": [[0.0, -2.0]]}, ["row"], ["c0", "c1"], "x", "y", "v", "t", log_scale=False,
+                                    cell_format="{:.2f}")
+    assert [text.get_text() for text in linear.axes[0].texts] == ["0.00", "-2.00"]
 
 
 def test_attention_weights_with_tokens_and_mask():

@@ -20,7 +20,12 @@ from attention.positional import (
     rotary_cos_sin,
     sinusoidal_table,
 )
-from attention.reference import reference_alibi_slopes, reference_causal_self_attention, rotate_pairs
+from attention.reference import (
+    reference_alibi_slopes,
+    reference_attention,
+    reference_causal_self_attention,
+    rotate_pairs,
+)
 from attention.registry import IMPLEMENTATIONS
 
 # ---------------------------------------------------------------- sinusoidal and learned
@@ -78,6 +83,56 @@ def test_rotary_scores_depend_only_on_relative_position():
         torch.testing.assert_close(shifted, scores, atol=1e-4, rtol=1e-4)  # angles in float32
 
 
+def rotate_interleaved(x, base=10000.0):
+    """RoPE in the interleaved layout of RoFormer and Meta's Llama code: adjacent pairs `(x[2i], x[2i+1])`
+    rotated as complex numbers. Test-side, float64."""
+    T, D = x.shape[-2], x.shape[-1]
+    angles = torch.arange(T, dtype=torch.float64)[:, None] * base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    pairs = torch.view_as_complex(x.to(torch.float64).reshape(*x.shape[:-1], D // 2, 2))  # (..., T, D/2)
+    return torch.view_as_real(pairs * torch.polar(torch.ones_like(angles), angles)).reshape(x.shape)
+
+
+def interleaved_to_rotate_half(weight, num_heads):
+    """Hugging Face's Llama conversion `permute`: row `2i + j` of each head's block moves to `i + j * D/2`."""
+    return weight.view(num_heads, weight.shape[0] // num_heads // 2, 2, -1).transpose(1, 2).reshape(weight.shape)
+
+
+def test_rotate_half_equals_interleaved_up_to_a_reordering_of_features():
+    # The claim of attention/positional/rotary.py: the two layouts differ by a fixed permutation.
+    x = torch.randn(2, 3, 9, 8, dtype=torch.float64)
+    order = torch.tensor([0, 2, 4, 6, 1, 3, 5, 7])  # interleaved feature 2i + j -> rotate-half feature i + j*D/2
+    torch.testing.assert_close(rotate_pairs(x[..., order], 10000.0), rotate_interleaved(x)[..., order])
+    torch.testing.assert_close(RotaryEmbedding(head_dim=8)(x[..., order]), rotate_interleaved(x)[..., order],
+                               atol=1e-6, rtol=1e-6)  # angles in float32
+
+
+def test_rope_module_runs_interleaved_weights_after_the_row_permutation():
+    torch.manual_seed(0)
+    num_heads, d_model, T = 4, 16, 7
+    state = RoPEAttention(d_model, d_model, 16, 0.0, num_heads, qkv_bias=True).canonical_state_dict()
+    x = torch.randn(2, T, d_model)
+    # The interleaved model, written out in float64 from the same weights.
+    x64, w = x.double(), {name: tensor.double() for name, tensor in state.items()}
+
+    def heads(name):  # (B, T, d_model) -> (B, H, T, D)
+        return (x64 @ w[f"{name}.weight"].T + w[f"{name}.bias"]).view(2, T, num_heads, -1).transpose(1, 2)
+
+    q, k, v = rotate_interleaved(heads("query")), rotate_interleaved(heads("key")), heads("value")
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), -math.inf)
+    context = (scores.softmax(dim=-1) @ v).transpose(1, 2).reshape(2, T, d_model)  # (B, T, H*D)
+    expected = context @ w["out.weight"].T + w["out.bias"]
+
+    converted = dict(state)
+    for name in ("query.weight", "query.bias", "key.weight", "key.bias"):
+        converted[name] = interleaved_to_rotate_half(state[name], num_heads)
+    module = RoPEAttention(d_model, d_model, 16, 0.0, num_heads, qkv_bias=True).eval()
+    module.load_canonical_state_dict(converted)
+    with torch.no_grad():
+        torch.testing.assert_close(module(x).double(), expected, atol=2e-5, rtol=1e-4)
+        module.load_canonical_state_dict(state)  # without the permutation: a different model, no error
+        assert (module(x).double() - expected).abs().max() > 1e-2
+
+
 def test_rotary_cache_grows_instead_of_truncating():
     rope = RotaryEmbedding(head_dim=4)
     rope(torch.randn(1, 1, 3, 4))
@@ -88,6 +143,36 @@ def test_rotary_cache_grows_instead_of_truncating():
     assert torch.equal(rope(long), attention.general.apply_rotary(long, *attention.general.rotary_cos_sin(50, 4, 10000.0, "cpu", torch.float32)))
     with pytest.raises(ValueError, match="head_dim must be a positive even int, got head_dim=5"):
         RotaryEmbedding(head_dim=5)
+
+
+# ---------------------------------------------------------------- what attention sees of the order
+
+
+@pytest.mark.parametrize("name", sorted(IMPLEMENTATIONS))
+def test_causal_outputs_from_t_on_ignore_the_order_of_earlier_tokens(name):
+    """Causal attention at position s is a function of x_s and the set {x_0..x_s}: shuffling positions
+    0..t-1 among themselves keeps every output from t on, unless a position encoding sees distances."""
+    torch.manual_seed(0)
+    B, T, d_model, num_heads, t = 2, 7, 16, 4, 4
+    module = IMPLEMENTATIONS[name](d_model, d_model, 16, 0.0, num_heads).eval()
+    x = torch.randn(B, T, d_model)
+    prefix_shuffle = torch.tensor([2, 0, 3, 1, 4, 5, 6])  # positions 0..t-1 among themselves
+    with torch.no_grad():
+        out, shuffled = module(x), module(x[:, prefix_shuffle])
+    if module.position_encoding is None:
+        torch.testing.assert_close(shuffled[:, t:], out[:, t:], atol=2e-5, rtol=1e-4)
+    else:
+        assert (shuffled[:, t:] - out[:, t:]).abs().max() > 1e-3
+    assert (shuffled[:, :t] - out[:, prefix_shuffle][:, :t]).abs().max() > 1e-3  # and no equivariance before t
+
+
+def test_attention_without_a_mask_is_permutation_equivariant():
+    torch.manual_seed(0)
+    state = RoPEAttention(16, 16, 16, 0.0, 4).canonical_state_dict()
+    x, shuffle = torch.randn(2, 7, 16, dtype=torch.float64), torch.randperm(7)
+    out, _ = reference_attention(x, x, x, state, num_heads=4)
+    shuffled, _ = reference_attention(x[:, shuffle], x[:, shuffle], x[:, shuffle], state, num_heads=4)
+    torch.testing.assert_close(shuffled, out[:, shuffle])
 
 
 # ---------------------------------------------------------------- ALiBi

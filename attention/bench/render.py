@@ -72,6 +72,16 @@ def is_stale(result):
     return result["provenance"].get("source_hash") != source_hash()
 
 
+def quick_profile_summary():
+    """The quick profile in words, from `quick_config` itself, so the docs cannot drift from the code."""
+    from attention.bench.harness import quick_config
+
+    config = quick_config()
+    lengths = ", ".join(str(t) for t in config.seq_lens)
+    return (f"batch {config.sweep_batch}, `T` = {lengths}, d_model {config.d_model}, {config.num_heads} heads, "
+            f"short timing ({config.min_run_time} s, at least {config.min_repeats} repeats per row)")
+
+
 def row_fields_table():
     """Markdown table of the row fields and their meanings (`schema.Row`), for docs/benchmark-schema.md."""
     lines = ["| Field | Meaning |", "|---|---|"] + [f"| `{name}` | {text} |" for name, text in ROW_FIELDS.items()]
@@ -176,6 +186,55 @@ def markdown_tables(result, include_sweep=False):
                      f"{peak['size']}×{peak['size']} {peak['dtype']} matmul measured in the same run. "
                      "Rows that are not `correct` have no rank.")
     return "\n".join(parts).rstrip() + "\n"
+
+
+def fastest(result):
+    """Per measured shape: the fastest correct row, the rows tied with it, and the next one.
+
+    A list of dicts (mode, batch, seq_len, compiled, fastest, tied, next) in the run's order. Tied: the
+    row's interquartile range overlaps the fastest's (its first quartile is at or below the fastest's
+    third quartile), so the run cannot tell the two apart. Rows measured one after another on a machine
+    whose speed drifts can differ by more than their IQRs; read small gaps as ties too.
+    """
+    groups = {}
+    for row in result["rows"]:
+        if _ranked(row):
+            groups.setdefault((row["mode"], row["batch"], row["seq_len"], row["compiled"]), []).append(row)
+    summary = []
+    for (mode, batch, seq_len, compiled), rows in groups.items():
+        rows = sorted(rows, key=lambda r: r["ms_median"])
+        best = rows[0]
+        tied = [r for r in rows[1:] if r["ms_q1"] <= best["ms_q3"]]
+        rest = [r for r in rows[1:] if r not in tied]
+        summary.append(dict(mode=mode, batch=batch, seq_len=seq_len, compiled=compiled, fastest=best, tied=tied,
+                            next=rest[0] if rest else None))
+    return summary
+
+
+def fastest_table(results):
+    """Markdown table of `fastest` for several results: one line per run, mode and shape."""
+    lines = ["| run | mode | B | T | fastest correct | ms | tied within the spread | next (slower by) |",
+             "|---|---|--:|--:|---|--:|---|---|"]
+    for name, result in results:
+        for entry in fastest(result):
+            best, after = entry["fastest"], entry["next"]
+            mode = MODE_TITLES.get(entry["mode"], entry["mode"]) + (", compiled" if entry["compiled"] else "")
+            tied = ", ".join(f"`{r['label']}` ({_number(r['ms_median'])})" for r in entry["tied"]) or "none"
+            following = "—" if after is None else (
+                f"`{after['label']}` (+{(after['ms_median'] / best['ms_median'] - 1) * 100:.0f}%)")
+            lines.append(f"| {name} | {mode} | {entry['batch']} | {entry['seq_len']} | `{best['label']}` "
+                         f"| {_number(best['ms_median'])} | {tied} | {following} |")
+    return "\n".join(lines)
+
+
+def devices_line(results):
+    """One sentence naming every device the results come from, so a reader sees how narrow the data is."""
+    names = sorted({f"{r['provenance']['device']['name']} ({r['provenance']['device']['type']}, "
+                    f"{r['provenance']['device']['cpu_count']} logical cores)" for _, r in results})
+    if not names:
+        return "No results recorded yet."
+    return (f"All numbers on this page so far come from {'one device' if len(names) == 1 else f'{len(names)} devices'}: "
+            + "; ".join(names) + ".")
 
 
 def sweep_table(result, mode="forward", metric="ms_median"):

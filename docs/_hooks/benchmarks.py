@@ -150,9 +150,53 @@ def images(charts, page_dir):
 def result_section(title, result, charts):
     from attention.bench import render
 
-    parts = [f"**{title}**", render.provenance_summary(result), render.markdown_tables(result, include_sweep=True),
-             images(charts, "")]
+    config = result["config"]
+    shape = (f"Headline shape: batch {config['batch']}, T = {config['seq_len']} (profile `{config['profile']}`); "
+             f"the sweep runs batch {config['sweep_batch']}.")
+    provenance = '??? info "What this run was measured on"\n\n' + textwrap.indent(render.provenance_summary(result), "    ")
+    parts = [f"**{title}**", shape, render.markdown_tables(result, include_sweep=True), images(charts, ""), provenance]
     return "\n\n".join(part.strip() for part in parts if part.strip())
+
+
+def all_results():
+    """(name, result) for this build's quick run (if any) and every recorded run."""
+    named = [] if state["build_result"] is None else [("CPU, this build (quick)", state["build_result"])]
+    return named + [(f"`{path.name}`", result) for path, result in state["recorded"]]
+
+
+def fastest_section():
+    from attention.bench import render
+
+    results = all_results()
+    return (render.devices_line(results) + "\n\n" + render.fastest_table(results) + "\n\n"
+            "Tied: the row's interquartile range overlaps the fastest's, so the run cannot tell them apart. "
+            "Rows are measured one after another, so on a machine whose speed drifts, gaps of a few percent "
+            "are within the noise too.")
+
+
+def short_answer():
+    """Home's recommendation, read from the recorded default-profile runs (never typed in)."""
+    from attention.bench import render
+
+    lines = []
+    for path, result in state["recorded"]:
+        if result["config"]["profile"] != "default":
+            continue
+        device, config = result["provenance"]["device"]["name"], result["config"]
+        for entry in render.fastest(result):
+            if (entry["batch"], entry["seq_len"], entry["compiled"]) != (config["batch"], config["seq_len"], False):
+                continue
+            tied = ", ".join(f"`{r['label']}`" for r in entry["tied"])
+            after = entry["next"]
+            lines.append(f"{render.MODE_TITLES[entry['mode']]}: `{entry['fastest']['label']}` "
+                         f"({render._number(entry['fastest']['ms_median'])} ms)"
+                         + (f", tied with {tied}" if tied else "")
+                         + (f"; next `{after['label']}`, {(after['ms_median'] / entry['fastest']['ms_median'] - 1) * 100:.0f}% slower"
+                            if after else ""))
+        if lines:
+            return (f"On {device} ({result['dtype']}, B={config['batch']}, T={config['seq_len']}, recorded "
+                    f"{result['provenance']['date_utc'][:10]}): " + "; ".join(lines) + ".")
+    return "No default-profile run is recorded yet; see [Benchmarks](benchmarks.md)."
 
 
 def tab(title, body):
@@ -217,7 +261,8 @@ def on_page_markdown(markdown, page, config, files):
 
         return markdown.replace("<!-- row-fields -->", render.row_fields_table())
     if page.file.src_uri == "benchmarks.md":
-        return markdown.replace("<!-- benchmark-tabs -->", benchmark_tabs())
+        return markdown.replace("<!-- benchmark-tabs -->", benchmark_tabs()).replace("<!-- fastest -->", fastest_section())
     if page.file.src_uri == "index.md":
-        return markdown.replace("<!-- headline-charts -->", headline_charts())
+        return (markdown.replace("<!-- headline-charts -->", headline_charts())
+                .replace("<!-- short-answer -->", short_answer()))
     return markdown
