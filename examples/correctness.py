@@ -34,6 +34,8 @@
 # autograd, and handed in as one stacked input of `3 * d_out` features, which the reference then
 # "projects" with exact 0/1 selector matrices. The output matches a direct call to the reference,
 # as printed below.
+#
+# API reference: [`attention.reference`](../../api/reference/).
 
 # %%
 import torch

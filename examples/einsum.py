@@ -32,6 +32,8 @@
 # (`s > t`) to `-inf`.
 # The sequence-first version does the same with `i` (query) and `j` (key) on `(T, B, ...)`
 # tensors; its scores are `(T, S, B, H)` and its softmax runs over dimension 1.
+#
+# API reference: [`attention.causal.einsum`](../../api/causal/einsum/), [`attention.causal.seq_first`](../../api/causal/seq_first/).
 
 # %%
 import torch

@@ -27,6 +27,8 @@
 # FlexAttention shape the class: it has no dropout on the attention weights (so `dropout` must be
 # 0), and no backward on CPU or MPS (there the class computes the backward densely, in
 # `FlexDenseBackward`).
+#
+# API reference: [`attention.causal.flex`](../../api/causal/flex/).
 
 # %%
 import time

@@ -26,6 +26,8 @@
 # [`F.scaled_dot_product_attention`](../../glossary/#sdpa) ([its page](../sdpa/)), which picks a
 # fused kernel; with it, the `(B, H, Tq, Tk)` weights are computed explicitly so they can be
 # returned.
+#
+# API reference: [`attention.general`](../../api/general/).
 
 # %%
 import torch

@@ -15,6 +15,8 @@
 #   comparisons, no Python loops);
 # * a FlexAttention [`BlockMask`](../../glossary/#blockmask) (`block_mask`): which 128 × 128 blocks
 #   of (query, key) pairs hold any attended pair, so that the kernel skips all the others.
+#
+# API reference: [`attention.masks`](../../api/masks/).
 
 # %%
 from functools import partial

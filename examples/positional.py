@@ -13,6 +13,8 @@
 # | learned absolute (GPT-2) | added to the token embeddings | - |
 # | rotary, RoPE (Su et al., 2021) | rotates queries and keys | `rope` (`RoPEAttention`) |
 # | ALiBi (Press et al., 2022) | a bias on the scores | `alibi` (SDPA), `alibi_flex` (FlexAttention [`score_mod`](../../glossary/#mask-mod-score-mod)) |
+#
+# API reference: [`attention.positional`](../../api/positional/), [`attention.causal.rope`](../../api/causal/rope/), [`attention.causal.alibi`](../../api/causal/alibi/), [`attention.causal.alibi_flex`](../../api/causal/alibi_flex/).
 
 # %%
 import math

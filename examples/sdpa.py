@@ -30,6 +30,8 @@
 #
 # The module around SDPA is the [split-heads](../split_heads/) shell: project, split heads,
 # attend, merge heads, project.
+#
+# API reference: [`attention.causal.sdpa_causal`](../../api/causal/sdpa_causal/), [`attention.causal.sdpa_mask`](../../api/causal/sdpa_mask/).
 
 # %%
 import math

@@ -25,6 +25,8 @@
 # [causal mask](../../glossary/#causal-mask) broadcasts over both. Fusing the three projections
 # into one `Linear` goes one step further: one larger matmul instead of three.
 # ("Attention Is All You Need", section 3.2.2, https://arxiv.org/abs/1706.03762.)
+#
+# API reference: [`attention.causal.split_heads`](../../api/causal/split_heads/), [`attention.causal.fused_qkv`](../../api/causal/fused_qkv/).
 
 # %%
 import math

@@ -33,6 +33,8 @@
 # corresponds to `StackedHeadsAttention(d_in, num_heads * d_head, context_length, dropout,
 # num_heads)`. **This class ends in an output projection**, which the wrapper lacks (see
 # *Pitfalls* at the end of the page).
+#
+# API reference: [`attention.causal.stacked_heads`](../../api/causal/stacked_heads/).
 
 # %%
 import torch

@@ -36,6 +36,8 @@
 # `qkv_bias=False` there is no `in_proj_bias`, so `torch_mha` never takes the fast path: it always
 # runs the SDPA path, and `torch_mha_weights` the explicit one. Registering both shows the price
 # of asking for weights in the benchmark.
+#
+# API reference: [`attention.causal.torch_mha`](../../api/causal/torch_mha/).
 
 # %%
 from unittest import mock
