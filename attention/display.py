@@ -65,11 +65,18 @@ def show_table(title, header, rows):
             (Markdown such as backticks renders in a notebook only).
     """
     rows = [[str(cell) for cell in row] for row in (header, *rows)]  # the header first
-    markdown = [f"**{title}**", "", "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(header)]
-    markdown += ["| " + " | ".join(row) + " |" for row in rows[1:]]
+    cells = [[_table_cell(cell) for cell in row] for row in rows]
+    markdown = [f"**{title}**", "", "| " + " | ".join(cells[0]) + " |", "|" + "---|" * len(header)]
+    markdown += ["| " + " | ".join(row) + " |" for row in cells[1:]]
     widths = [max(len(cell) for cell in column) for column in zip(*rows)]
     plain = [title] + ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows]
     _markdown_or_print("\n".join(markdown), "\n".join(plain))
+
+
+def _table_cell(text):
+    """A Markdown table cell: `|` escaped outside code spans (inside them the table parser leaves it be)."""
+    parts = text.split("`")
+    return "`".join(part if i % 2 else part.replace("|", "\\|") for i, part in enumerate(parts))
 
 
 def show_shape(label, tensor, letters, width=48):

@@ -20,6 +20,7 @@ import io
 import math
 
 import torch
+from matplotlib.colors import SymLogNorm
 
 from attention.checks import check_int
 from attention.masks import dense_mask
@@ -191,14 +192,17 @@ def plot_alibi(num_heads=8, seq_len=16, causal=True, ncols=4, title=None):
     fig = new_figure(nrows, ncols, (seq_len, seq_len))
     axes = [fig.add_subplot(nrows, ncols, head + 1) for head in range(num_heads)]
     lowest = torch.nan_to_num(bias, nan=0.0).min().item()
+    # Symmetric-log colours: the slopes differ by up to 2**8, so on a linear scale every head but the
+    # steepest few would be one flat colour. Below |bias| = the smallest slope the scale is linear.
+    norm = SymLogNorm(linthresh=slopes.min().item(), vmin=lowest, vmax=0.0, base=10)
     for head, ax in enumerate(axes):
-        image = draw_matrix(ax, bias[head], cmap="viridis", vmin=lowest, vmax=0.0)
+        image = draw_matrix(ax, bias[head], cmap="viridis", norm=norm)
         ax.set_title(f"head {head}: slope 1/{1 / slopes[head].item():.3g}", fontsize="medium")
     outer_labels(axes, ncols)
     form = "causal, -m (i - j)" if causal else "symmetric, -m |i - j|"
     fig.suptitle(title or f"ALiBi bias per head ({form})")
     colorbar = fig.colorbar(image, ax=axes)
-    colorbar.set_label("bias added to the score (logit units)")
+    colorbar.set_label("bias added to the score (logit units, symmetric log scale)")
     return fig
 
 

@@ -27,7 +27,7 @@
 # * **Provenance.** Device, versions, git commit, command line and a hash of the sources that ran,
 #   so a recorded result says when it predates the current code.
 #
-# Timings on a shared 2-core machine are noisy: read the ordering and the orders of magnitude,
+# Timings on a shared or small machine are noisy: read the ordering and the orders of magnitude,
 # not the third digit.
 
 # %%

@@ -180,11 +180,11 @@ print("unit roundoff (half the gap between 1 and the next number): "
 # * bfloat16 keeps 8 significant bits, so errors of a few thousandths on values of order 1 are
 #   expected. The weight gradients sum over every position of the batch, hence their larger
 #   scale and error.
-# * "n/a" means the class could not run that dtype here; the reason is printed under the table.
 #
 # ## Why the bfloat16 rows look alike
 #
-# In the bfloat16 table the `out` and `dL/dW` columns barely change from row to row. The classes
+# In the bfloat16 table the `out` and `dL/dW` columns show the same, or nearly the same, value in
+# every row. The classes
 # are not computing the same numbers: many of their outputs differ (counted below). The largest
 # error is set by steps they all share.
 #

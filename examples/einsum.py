@@ -125,7 +125,7 @@ with torch.no_grad():
         assert error < 1e-5, (name, error)
 
 # %% [markdown]
-# ## Masks: labml's `[Tq, Tk, B]` and this package's `(B, H, Tq, Tk)`
+# ## Masks: labml's layout and this package's
 #
 # labml's `MultiHeadAttention` takes an optional mask laid out like its scores without the head
 # dimension: `[seq_len_q, seq_len_k, batch_size]` (the query and batch dimensions may be 1). It
@@ -207,8 +207,7 @@ with torch.no_grad():
 #
 # **labml's value projection always has a bias.** Its `MultiHeadAttention(heads, d_model,
 # dropout_prob, bias)` passes `bias` to the query and key projections but builds the value
-# projection with `bias=True` whatever `bias` says (earlier versions of the file passed `bias` to
-# all three). Here `qkv_bias` switches all three. So a labml model built with `bias=False` has
+# projection with `bias=True` whatever `bias` says. Here `qkv_bias` switches all three. So a labml model built with `bias=False` has
 # `d_out` more parameters than ours with `qkv_bias=False`, and its weights load into neither of
 # our configurations:
 

@@ -40,7 +40,7 @@ show_shape("q = query(x) (k, v alike)", q, "(B, T, D)")
 show_shape("scores = q @ k^T", scores, "(B, T, T)")
 
 # %% [markdown]
-# ## Why divide by `sqrt(D)`
+# ## Why divide by sqrt(D)
 #
 # If the `D` features of a query and a key are independent with mean 0 and variance 1, their dot
 # product is a sum of `D` such products: its variance is `D`, its standard deviation `sqrt(D)`.

@@ -219,11 +219,12 @@ with recompile_room():
 # Code that compiles `flex_attention` itself should run inside `recompile_room()` too, and
 # `TORCH_LOGS=recompiles` shows every recompilation.
 #
-# **Short sequences on CPU.** PyTorch 2.13's compiled CPU FlexAttention kernel gave wrong output
-# rows for some sequences shorter than 64 tokens (seen at T = 8, 24, 40 and 56 on an AVX2 CPU):
-# garbage values, no error, and not on every run. So on CPU the class runs
-# sequences shorter than `MIN_CPU_SEQ_LEN` padded with zero tokens at the end and cuts the
-# output back: under a causal mask no real query sees a padded key, so this is exact. The cell runs
+# **Short sequences on CPU.** On one AVX2 machine this project ran on, PyTorch 2.13's compiled CPU
+# FlexAttention kernel returned wrong output rows for some sequences shorter than 64 tokens:
+# garbage values, no error, and not on every run (the observation is recorded beside
+# `MIN_CPU_SEQ_LEN` in `attention/causal/flex.py`). With a margin, the class runs every sequence
+# shorter than `MIN_CPU_SEQ_LEN`, one 128-token block, on CPU padded with zero tokens at the end
+# and cuts the output back: under a causal mask no real query sees a padded key, so this is exact. The cell runs
 # the raw kernel and the class on such a length; whether the raw kernel goes wrong depends on the
 # machine and the run, so only the class is asserted.
 

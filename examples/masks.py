@@ -38,7 +38,7 @@ from attention.plotting import plot_mask, plot_masks
 # (Mistral, Longformer's causal form). `local_window(r)` is its bidirectional cousin for encoders:
 # keys with `|i - j| <= r`.
 
-# %% tags=["hide-input"]
+# %%
 show(plot_masks({
     "causal": masks.causal,
     "sliding_window(4)": masks.sliding_window(4),
@@ -53,7 +53,7 @@ show(plot_masks({
 # window of `s` keys (`sparse_transformer_strided`), or uses fixed blocks plus summary columns
 # (`sparse_transformer_fixed`).
 
-# %% tags=["hide-input"]
+# %%
 show(plot_masks({
     "strided(4)": masks.strided(4),
     "sparse_transformer_strided(4)": masks.sparse_transformer_strided(4),
@@ -64,7 +64,7 @@ show(plot_masks({
 # ### Pitfall: strided as fixed columns
 #
 # A tempting shortcut writes the strided pattern as "every `s`-th key column", `kv_idx % s == 0`
-# (an earlier draft of this project did). That predicate reads the key's position only, never the
+# (one of the sparse-attention write-ups this project grew from did). That predicate reads the key's position only, never the
 # query's, so it is bidirectional: every query sees keys 0, `s`, `2s`, ... up to the end of the
 # sequence, including keys in its future. `strided(s)` measures the distance back from the query
 # and keeps the causal condition.
@@ -120,7 +120,7 @@ for name, mask in {"fixed columns": wrong, f"strided({stride})": ours}.items():
 # keys come from a seed, so the same seed draws the same mask on every run and every path. (The
 # paper picks random *blocks*; this token-level version shows the same structure at small sizes.)
 
-# %% tags=["hide-input"]
+# %%
 show(plot_mask(masks.bigbird(radius=1, num_global=2, num_random=2, max_len=16, seed=0), q_len=16))
 
 # %%
@@ -137,7 +137,7 @@ print("same seed, same mask:", torch.equal(same_seed, again))
 # `document(ids)` keeps attention inside each packed document; combined with `causal` through
 # `and_masks` it is the standard mask for packed pre-training.
 
-# %% tags=["hide-input"]
+# %%
 lengths = torch.tensor([5, 8])
 document_ids = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2, 2, 3, 3])
 padding = masks.dense_mask(masks.key_padding(lengths), 8, 8, batch=2)  # (2, 1, 8, 8)
@@ -157,7 +157,7 @@ show(plot_masks({
 combined = masks.or_masks(masks.sliding_window(3), masks.strided(4))
 print(combined.__name__)
 
-# %% tags=["hide-input"]
+# %%
 show(plot_mask(combined, q_len=12))
 
 # %% [markdown]
@@ -219,14 +219,18 @@ for name, mask_mod in patterns.items():
 show_table(f"T = {T}: density, blocks FlexAttention computes (block size {block_mask.BLOCK_SIZE[0]}), "
            "and agreement with SDPA",
            ["pattern", "density", "blocks computed", "max |flex - sdpa|"], rows)
+by_name = {name: (float(density), int(blocks.split(" of ")[0])) for name, density, blocks, _ in rows}
+causal_density, causal_blocks = next(value for name, value in by_name.items() if name.startswith("causal"))
+fewer = [f"`{name}` ({blocks})" for name, (density, blocks) in by_name.items() if blocks < causal_blocks]
+as_many = [f"`{name}` ({blocks})" for name, (density, blocks) in by_name.items()
+           if density < causal_density and blocks >= causal_blocks]
+show_markdown(
+    f"Density and blocks tell different stories. `causal` computes {causal_blocks} blocks. Fewer: "
+    f"{', '.join(fewer) or 'none'}, whose attended pairs stay near the diagonal. As many or more, although they "
+    f"attend to fewer pairs than `causal`: {', '.join(as_many) or 'none'}; their keys reach into most blocks. "
+    "A block-sparse kernel pays for blocks, not pairs. (`key_padding` counts the blocks of both sequences.)")
 
 # %% [markdown]
-# Density and blocks tell different stories. A window or a document mask keeps its attended pairs
-# near the diagonal, in few blocks. A strided or random pattern attends to far fewer pairs than
-# `causal` yet touches every block its keys can reach: `strided(64)` computes as many blocks as
-# `causal`, and the bidirectional `bigbird` every block. (`key_padding` counts the blocks of both
-# sequences.)
-#
 # ## Does sparse attention cost O(T·k) instead of O(T²)?
 #
 # The claim: if each query attends to `k` keys, attention costs `O(T·k)`. For a block-sparse

@@ -101,7 +101,9 @@ show(fig, alt=f"Heat maps, one per dtype ({', '.join(ratios)}): one row per impl
 # %% tags=["hide-input"]
 for dtype_name, by_implementation in errors.items():
     rows = [[f"`{name}`", *(f"{e:.1e}" for e in row)] for name, row in by_implementation.items()]
-    rows.append(["floor (no position encoding)", *(f"{floor[dtype_name][T, None]:.1e}" for T in LENGTHS)])
+    for encoding in sorted({key[1] for key in floor[dtype_name]}, key=str):
+        rows.append([f"floor ({encoding or 'no'} position encoding)",
+                     *(f"{floor[dtype_name][T, encoding]:.1e}" for T in LENGTHS)])
     show_table(f"{dtype_name}: max |out - reference|", ["implementation", *(f"T={T}" for T in LENGTHS)], rows)
 print("largest |reference output| per length:", {T: round(value, 2) for T, value in scale.items()})
 print("unit roundoff (half the gap between 1 and the next number): "
@@ -157,7 +159,7 @@ if naive and fused:
     score_bytes = heads * T_max * T_max * torch.finfo(getattr(torch, recorded["dtype"])).bits // 8
     half_naive, half_fused = memory.get(("split_heads", T_max // 2)), memory.get(("sdpa_causal", T_max // 2))
     show_markdown(
-        f"An earlier draft of these pages claimed \"about 1.5 GB vs 0.1 GB at T = 4096\" for naive against fused "
+        f"A sparse-attention write-up this project grew from claimed \"about 1.5 GB vs 0.1 GB at T = 4096\" for naive against fused "
         f"attention. This run measured, at `T = {T_max}`: {naive / 1e9:.2f} GB ({naive / 2**30:.2f} GiB) for "
         f"`split_heads`, which holds the `({heads}, T, T)` scores of all heads at once, and {fused / 1e9:.3f} GB "
         f"({fused / 2**20:.0f} MiB) for `sdpa_causal` (SDPA backend in this run: "

@@ -114,8 +114,9 @@ with torch.no_grad():
 # which stores the `(B, H, Tq, Tk)` scores. The flash kernel takes a mask only as 2-D
 # `(Tq, Tk)` or 4-D `(B, H, Tq, Tk)`, where each size may also be 1. A 3-D mask such as
 # `(H, T, T)` broadcasts to the right shape, and the math kernel gives the right answer with it,
-# so nothing warns that the flash kernel was skipped. ALiBi through SDPA (`alibi`) passed its
-# `(H, T, T)` bias that way, so every benchmark row of it measured the math kernel.
+# so nothing warns that the flash kernel was skipped. ALiBi's bias is naturally built as
+# `(H, T, T)`, one matrix per head; passed that way, every call of the `alibi` class would run the
+# math kernel.
 #
 # The helper below tells which kernel a call gets: with the flash kernel pinned, SDPA raises
 # where it would otherwise fall back to the math kernel.

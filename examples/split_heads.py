@@ -192,9 +192,9 @@ show_table(
     ["class", "qkv_bias=True", "= nn.MultiheadAttention(bias=True)", "qkv_bias=False", "buffers (MiB)"],
     [[f"`{name}`", f"{with_bias:,}", with_bias == torch_mha_count[True], f"{without_bias:,}", f"{buffer_bytes / 2**20:.2f}"]
      for name, (with_bias, without_bias, buffer_bytes) in counts.items()]
-    + [[f"`nn.MultiheadAttention({d_model}, {num_heads}, bias=...)`", f"{torch_mha_count[True]:,}", "",
-        f"{torch_mha_count[False]:,}", ""],
-       ["GPT-2 `c_attn` + `c_proj`", f"{gpt2_attention:,}", gpt2_attention == torch_mha_count[True], "", ""]])
+    + [[f"`nn.MultiheadAttention({d_model}, {num_heads}, bias=...)`", f"{torch_mha_count[True]:,}", "—",
+        f"{torch_mha_count[False]:,}", "—"],
+       ["GPT-2 `c_attn` + `c_proj`", f"{gpt2_attention:,}", gpt2_attention == torch_mha_count[True], "—", "—"]])
 
 matching = [name for name, (with_bias, _, _) in counts.items() if with_bias == torch_mha_count[True]]
 without_bias = {without for _, without, _ in counts.values()}
@@ -252,7 +252,7 @@ torch_mha_module = nn.MultiheadAttention(d_model, num_heads)
 rows.append(["`nn.MultiheadAttention` `in_proj_weight` (3 E, E)", f"{torch_mha_module.in_proj_weight.abs().max().item():.4f}",
              f"{default_bound:.4f}", f"{math.sqrt(6 / (4 * d_model)):.4f}"])
 rows.append(["`nn.MultiheadAttention` `in_proj_bias`, `out_proj.bias`",
-             f"{max(torch_mha_module.in_proj_bias.abs().max().item(), torch_mha_module.out_proj.bias.abs().max().item()):.4f}", "", ""])
+             f"{max(torch_mha_module.in_proj_bias.abs().max().item(), torch_mha_module.out_proj.bias.abs().max().item()):.4f}", "— (zeros)", "— (zeros)"])
 show_table(f"Initial weights at d_model = {d_model}, {num_heads} heads",
            ["tensor", "max abs value", "nn.Linear default bound 1/sqrt(fan_in)", "Xavier bound sqrt(6/(fan_in+fan_out))"], rows)
 
@@ -275,7 +275,7 @@ for name, cls in IMPLEMENTATIONS.items():
     try:
         module = cls(32, 32, 16, 0.5, 4).train()
     except ValueError as error:
-        rows.append([f"`{name}`", f"ValueError: {error}", ""])
+        rows.append([f"`{name}`", f"— (refuses dropout > 0: `{type(error).__name__}`)", "—"])
         continue
     seen = []
     hooks = [m.register_forward_hook(lambda m, args, out, seen=seen: seen.append(tuple(args[0].shape)))
@@ -283,7 +283,8 @@ for name, cls in IMPLEMENTATIONS.items():
     out = module(x_train)
     for hook in hooks:
         hook.remove()
-    where = ", ".join(sorted(set(map(str, seen)))) or ("inside SDPA (`dropout_p`)" if hasattr(module, "dropout_p")
+    where = ", ".join(f"{shape}" + (f" × {seen.count(shape)}" if seen.count(shape) > 1 else "")
+                      for shape in sorted(set(seen))) or ("inside SDPA (`dropout_p`)" if hasattr(module, "dropout_p")
                                                        else "inside `nn.MultiheadAttention`")
     rows.append([f"`{name}`", where, int((out == 0).sum())])
 show_table("dropout=0.5, training mode, x of shape (B, T, d_in) = (2, 16, 32), 4 heads",

@@ -170,15 +170,12 @@ show_markdown(
     f"({result['provenance']['device']['torch_num_threads']} threads), {result['dtype']}, d_model = {config['d_model']}, "
     f"{config['num_heads']} heads (head size {config['head_dim']}); the sweep uses batch B = {config['sweep_batch']}.")
 show_table(
-    "stacked_heads against split_heads",
-    ["mode", "B", "T", "stacked ms", "split ms", "stacked / split", "stacked is", "stacked peak MiB",
-     "split peak MiB", "split / stacked", "sdpa_causal ms"],
+    "stacked_heads against split_heads (ms: median time per call; MiB: peak memory)",
+    ["mode", "B", "T", "stacked ms", "split ms", "stacked is", "stacked MiB", "split MiB", "sdpa_causal ms"],
     [[render.MODE_TITLES[mode], batch, seq_len, f"{stacked['ms_median']:.1f}", f"{split['ms_median']:.1f}",
-      f"{stacked['ms_median'] / split['ms_median']:.2f}", verdict(stacked, split),
-      f"{stacked['peak_memory_bytes'] / 2**20:.1f}", f"{split['peak_memory_bytes'] / 2**20:.1f}",
-      f"{split['peak_memory_bytes'] / stacked['peak_memory_bytes']:.1f}",
-      "—" if sdpa is None else f"{sdpa['ms_median']:.1f}"]
-     for mode, batch, seq_len, stacked, split, sdpa in comparisons])
+      verdict(stacked, split), f"{stacked['peak_memory_bytes'] / 2**20:.1f}",
+      f"{split['peak_memory_bytes'] / 2**20:.1f}", "—" if sdpa is None else f"{sdpa['ms_median']:.1f}"]
+     for mode, batch, seq_len, stacked, split, sdpa in sorted(comparisons, key=lambda c: (c[0] != "forward", c[1], c[2]))])
 
 summary = []
 for mode in config["modes"]:
@@ -240,7 +237,7 @@ show_markdown("\n".join(summary))
 #   Copies of the wrapper that apply it whole, without cutting it to the input's length
 #   (`causal_mask[:T, :T]`, as `CausalHead.forward` does), work only when `T == context_length`
 #   exactly. Below, a wrapper built that way (`d_out` per head, no output projection, the mask
-#   applied whole; this project started from one) next to this class, converted as above. With the
+#   applied whole, as in one of the write-ups this project grew from) next to this class, converted as above. With the
 #   same head weights and an identity output projection, both agree at `T = context_length`; at a
 #   shorter `T` the wrapper fails:
 

@@ -211,19 +211,33 @@ def fastest(result):
     return summary
 
 
-def fastest_table(results):
-    """Markdown table of `fastest` for several results: one line per run, mode and shape."""
-    lines = ["| run | mode | B | T | fastest correct | ms | tied within the spread | next (slower by) |",
-             "|---|---|--:|--:|---|--:|---|---|"]
-    for name, result in results:
-        for entry in fastest(result):
+def fastest_table(result):
+    """Markdown table of `fastest` for one result: one line per shape, one column per mode.
+
+    Each cell names the fastest correct row and its median, the rows tied with it, and how much
+    slower the next one is.
+    """
+    entries = fastest(result)
+    modes = list(dict.fromkeys((e["mode"], e["compiled"]) for e in entries))
+    shapes = list(dict.fromkeys((e["batch"], e["seq_len"]) for e in entries))
+    cells = {(e["batch"], e["seq_len"], e["mode"], e["compiled"]): e for e in entries}
+    titles = [MODE_TITLES.get(mode, mode) + (", compiled" if compiled else "") for mode, compiled in modes]
+    lines = ["| B | T | " + " | ".join(titles) + " |", "|--:|--:|" + "---|" * len(modes)]
+    for batch, seq_len in shapes:
+        row = []
+        for mode, compiled in modes:
+            entry = cells.get((batch, seq_len, mode, compiled))
+            if entry is None:
+                row.append("—")
+                continue
             best, after = entry["fastest"], entry["next"]
-            mode = MODE_TITLES.get(entry["mode"], entry["mode"]) + (", compiled" if entry["compiled"] else "")
-            tied = ", ".join(f"`{r['label']}` ({_number(r['ms_median'])})" for r in entry["tied"]) or "none"
-            following = "—" if after is None else (
-                f"`{after['label']}` (+{(after['ms_median'] / best['ms_median'] - 1) * 100:.0f}%)")
-            lines.append(f"| {name} | {mode} | {entry['batch']} | {entry['seq_len']} | `{best['label']}` "
-                         f"| {_number(best['ms_median'])} | {tied} | {following} |")
+            text = f"`{best['label']}` {_number(best['ms_median'])} ms"
+            if entry["tied"]:
+                text += "; tied: " + ", ".join(f"`{r['label']}` {_number(r['ms_median'])}" for r in entry["tied"])
+            if after is not None:
+                text += f"; next `{after['label']}` +{(after['ms_median'] / best['ms_median'] - 1) * 100:.0f}%"
+            row.append(text)
+        lines.append(f"| {batch} | {seq_len} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 

@@ -168,10 +168,16 @@ def fastest_section():
     from attention.bench import render
 
     results = all_results()
-    return (render.devices_line(results) + "\n\n" + render.fastest_table(results) + "\n\n"
-            "Tied: the row's interquartile range overlaps the fastest's, so the run cannot tell them apart. "
-            "Rows are measured one after another, so on a machine whose speed drifts, gaps of a few percent "
-            "are within the noise too.")
+    parts = [render.devices_line(results)]
+    for name, result in results:
+        device = result["provenance"]["device"]["name"]
+        parts.append(f"**{name}**: {device}, {result['dtype']}, recorded {result['provenance']['date_utc'][:10]}"
+                     + (" (predates the current code)" if render.is_stale(result) else "") + ".\n\n"
+                     + render.fastest_table(result))
+    parts.append("Tied: the row's interquartile range overlaps the fastest's, so the run cannot tell them apart. "
+                 "Rows are measured one after another, so on a machine whose speed drifts, gaps of a few percent "
+                 "are within the noise too.")
+    return "\n\n".join(parts)
 
 
 def short_answer():
@@ -194,8 +200,9 @@ def short_answer():
                          + (f"; next `{after['label']}`, {(after['ms_median'] / entry['fastest']['ms_median'] - 1) * 100:.0f}% slower"
                             if after else ""))
         if lines:
+            # Indented to stay inside the admonition that holds the placeholder.
             return (f"On {device} ({result['dtype']}, B={config['batch']}, T={config['seq_len']}, recorded "
-                    f"{result['provenance']['date_utc'][:10]}): " + "; ".join(lines) + ".")
+                    f"{result['provenance']['date_utc'][:10]}):\n\n" + "\n".join(f"    * {line}" for line in lines))
     return "No default-profile run is recorded yet; see [Benchmarks](benchmarks.md)."
 
 
