@@ -5,6 +5,7 @@ FlexAttention is left out (its first compile takes many seconds on CPU); `torch.
 the "eager" backend, which exercises the same plumbing without code generation.
 """
 
+import copy
 import datetime
 import importlib.util
 import json
@@ -365,3 +366,111 @@ def test_schema_page_lists_exactly_the_row_fields():
     rows_section = markdown.split("## `rows[]`", 1)[1].split("\n## ", 1)[0]
     assert re.findall(r"^\| `(\w+)` \|", rows_section, flags=re.MULTILINE) == list(ROW_FIELDS)
     assert all(description for description in ROW_FIELDS.values())
+
+
+# ----------------------------------------------------------------------------------------------
+# Results files from anyone: the validator, and a tab per file on the Benchmarks page
+# ----------------------------------------------------------------------------------------------
+
+
+def as_device(result, device_type, name, dtype=None):
+    """A copy of `result` as if recorded on another device (for page tests only, never published)."""
+    other = copy.deepcopy(result)
+    other["device_type"] = other["config"]["device"] = device_type
+    other["provenance"]["device"] = {"type": device_type, "name": name, "cpu": "test host CPU", "cpu_count": 8}
+    if dtype:
+        other["dtype"] = other["config"]["dtype"] = dtype
+    return other
+
+
+def valid_rows(result):
+    return [r for r in result["rows"] if r["status"] == "ok"]
+
+
+def test_recorded_and_fresh_results_are_valid(result):
+    assert render.validate_result(result) == []
+    for path in render.find_results():
+        assert render.validate_result(render.load_result(path)) == [], path.name
+
+
+@pytest.mark.parametrize("breakage,message", [
+    (lambda r: r["provenance"].pop("torch"), "provenance lacks 'torch'"),
+    (lambda r: r["provenance"]["device"].pop("name"), "provenance.device lacks 'name'"),
+    (lambda r: r.pop("rankings"), "missing top-level field(s): rankings"),
+    (lambda r: r.update(device_type="cuda"), "device_type 'cuda' differs from provenance.device.type 'cpu'"),
+    (lambda r: valid_rows(r)[0].update(tflops=valid_rows(r)[0]["tflops"] * 2), "does not match flops_total / ms_median"),
+    (lambda r: valid_rows(r)[0].update(ms_q1=valid_rows(r)[0]["ms_max"] * 2), "times are not ordered"),
+    (lambda r: valid_rows(r)[0].update(share_of_matmul_peak=5.0), "is not tflops / matmul_peak.tflops"),
+    (lambda r: valid_rows(r)[0].pop("peak_memory_bytes"), "missing field(s) peak_memory_bytes"),
+    (lambda r: valid_rows(r)[0].update(status="great"), "unknown status 'great'"),
+    (lambda r: r["rankings"][0]["order"].reverse(), "is not the correct rows by median time"),
+])
+def test_validator_names_what_is_wrong(result, breakage, message):
+    broken = copy.deepcopy(result)
+    breakage(broken)
+    problems = render.validate_result(broken)
+    assert any(message in problem for problem in problems), problems
+
+
+def test_results_from_older_sources_are_valid_and_marked_stale(result):
+    old = copy.deepcopy(result)
+    old["provenance"]["source_hash"] = "f" * 64
+    assert render.validate_result(old) == [] and render.is_stale(old)
+
+
+def bench_page_hook(tmp_path, monkeypatch, results):
+    """The real benchmarks hook run under `mkdocs serve` for a project in tmp_path whose docs/results/
+    holds `results` ({file name: result}); returns the hook and its config after on_pre_build."""
+    from mkdocs.config import load_config
+
+    config = load_config(str(ROOT / "mkdocs.yml"))
+    hook = config.hooks["docs/_hooks/benchmarks.py"]
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    for name, data in results.items():
+        (tmp_path / "docs" / "results" / name).write_text(json.dumps(data))
+    config.config_file_path = str(tmp_path / "mkdocs.yml")
+    monkeypatch.setattr("attention.bench.source_hash", lambda: "0123456789abcdef" * 4)
+    monkeypatch.delenv(hook.ENV_VAR, raising=False)
+    monkeypatch.setitem(hook.state, "command", "serve")
+    hook.on_pre_build(config)
+    monkeypatch.setitem(hook.state, "charts", {path.stem: hook.chart_set(path.stem, data)
+                                               for path, data in hook.state["recorded"]})
+    return hook
+
+
+def tab_bodies(markdown):
+    """{tab title: its text} for the top-level `=== "title"` tabs of a Markdown page."""
+    parts = re.split(r'^=== "([^"]+)"\n', markdown, flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def test_benchmarks_page_makes_a_tab_for_every_results_file(result, tmp_path, monkeypatch):
+    pytest.importorskip("mkdocs")
+    files = {"cpu-test-float32.json": result,
+             "cuda-testgpu-bfloat16.json": as_device(result, "cuda", "NVIDIA Test GPU", "bfloat16"),
+             "cuda-testgpu-float32.json": as_device(result, "cuda", "NVIDIA Test GPU"),
+             "mps-testchip-float32.json": as_device(result, "mps", "Apple Test Chip")}
+    hook = bench_page_hook(tmp_path, monkeypatch, files)
+    tabs = tab_bodies(hook.benchmark_tabs())
+    assert list(tabs) == ["CPU, this build", "CPU, recorded", "NVIDIA CUDA", "Apple MPS"]
+    cuda, mps = tabs["NVIDIA CUDA"], tabs["Apple MPS"]
+    # Two CUDA files: a nested tab each, with its device, its provenance and its tables.
+    nested = re.findall(r'^    === "([^"]+)"', cuda, flags=re.MULTILINE)
+    assert nested == ["bfloat16, default profile (cuda-testgpu-bfloat16.json)",
+                      "float32, default profile (cuda-testgpu-float32.json)"]
+    for body, device in ((cuda, "NVIDIA Test GPU"), (mps, "Apple Test Chip")):
+        assert device in body and "| # | implementation | ms (median) |" in body
+        assert "`split_heads`" in body and "What this run was measured on" in body
+    assert "No Apple MPS run has been recorded yet" not in mps
+    summary = hook.fastest_section()
+    assert "NVIDIA Test GPU" in summary and "Apple Test Chip" in summary and "3 devices" in summary
+
+
+def test_an_invalid_results_file_fails_the_build_with_the_validators_message(result, tmp_path, monkeypatch):
+    pytest.importorskip("mkdocs")
+    from mkdocs.exceptions import PluginError
+
+    broken = copy.deepcopy(result)
+    del broken["provenance"]["source_hash"]
+    with pytest.raises(PluginError, match=r"cuda-broken\.json:\n  provenance lacks 'source_hash'"):
+        bench_page_hook(tmp_path, monkeypatch, {"cuda-broken.json": as_device(broken, "cuda", "NVIDIA Test GPU")})

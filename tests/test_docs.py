@@ -402,6 +402,19 @@ def test_api_pages_of_the_causal_classes_show_forward_and_the_whole_file(built_s
 
 
 @pytest.mark.slow
+def test_every_page_footer_says_what_it_was_built_from(built_site):
+    import torch
+
+    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                            check=False).stdout.strip() or "not a git checkout"
+    footer = re.compile(rf"Built \d{{4}}-\d\d-\d\d \d\d:\d\d UTC from commit\s*<code>{commit}</code>.*?"
+                        rf"torch {re.escape(torch.__version__)}", re.DOTALL)
+    pages = sorted(pathlib.Path(built_site).rglob("index.html"))
+    missing = [str(page.relative_to(built_site)) for page in pages if not footer.search(page.read_text(encoding="utf-8"))]
+    assert len(pages) > 30 and not missing, missing
+
+
+@pytest.mark.slow
 def test_a_failing_example_fails_the_build(tmp_path):
     """The real hook and mkdocs-jupyter settings, on a one-page site whose example raises."""
     config, options = jupyter_plugin_options()

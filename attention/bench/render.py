@@ -60,6 +60,78 @@ def find_results(directory=RESULTS_DIR, device_type=None):
     return [path for _, path in sorted(found, key=lambda item: item[0], reverse=True)]
 
 
+TOP_LEVEL = ("schema_version", "complete", "device_type", "dtype", "provenance", "config", "matmul_peak", "rows",
+             "rankings")
+PROVENANCE = ("date_utc", "command", "git", "source_hash", "source_files", "python", "platform", "torch", "device")
+DEVICE = ("type", "name", "cpu_count")
+CONFIG = ("device", "dtype", "modes", "batch", "seq_len", "sweep_batch", "seq_lens", "d_model", "num_heads", "profile")
+
+
+def validate_result(result):
+    """Every problem that makes `result` unfit to publish, as sentences; `[]` for a valid results file.
+
+    Checks the schema version and fields, complete provenance, and that every row is consistent:
+    known mode and status, quartiles around the median, TFLOP/s and the share of the matmul rate
+    recomputed from the row's own numbers, correct rows only in the rankings and in time order.
+    A run recorded with older sources is valid (the pages mark it as such: `is_stale`).
+    """
+    problems = []
+    missing = [key for key in TOP_LEVEL if key not in result]
+    if missing:
+        return [f"missing top-level field(s): {', '.join(missing)}"]
+    if result["schema_version"] != SCHEMA_VERSION:
+        problems.append(f"schema_version is {result['schema_version']!r}; this code reads {SCHEMA_VERSION}")
+    provenance, config = result["provenance"], result["config"]
+    problems += [f"provenance lacks {key!r}" for key in PROVENANCE if provenance.get(key) in (None, "")]
+    device = provenance.get("device") or {}
+    problems += [f"provenance.device lacks {key!r}" for key in DEVICE if device.get(key) in (None, "")]
+    problems += [f"config lacks {key!r}" for key in CONFIG if key not in config]
+    if device.get("type") != result["device_type"]:
+        problems.append(f"device_type {result['device_type']!r} differs from provenance.device.type {device.get('type')!r}")
+    if config.get("dtype") != result["dtype"]:
+        problems.append(f"dtype {result['dtype']!r} differs from config.dtype {config.get('dtype')!r}")
+    peak = (result["matmul_peak"] or {}).get("tflops")
+    if not result["rows"]:
+        problems.append("no rows")
+    for number, row in enumerate(result["rows"]):
+        where = f"row {number} ({row.get('label')}, {row.get('mode')}, B={row.get('batch')}, T={row.get('seq_len')})"
+        absent = [key for key in ROW_FIELDS if key not in row]
+        if absent:
+            problems.append(f"{where}: missing field(s) {', '.join(absent)}")
+            continue
+        if row["mode"] not in MODE_TITLES:
+            problems.append(f"{where}: unknown mode {row['mode']!r}")
+        if row["status"] not in ("ok", "skipped", "failed"):
+            problems.append(f"{where}: unknown status {row['status']!r}")
+        if row["status"] != "ok":
+            continue
+        times = [row[key] for key in ("ms_min", "ms_q1", "ms_median", "ms_q3", "ms_max")]
+        if any(not isinstance(t, (int, float)) or t <= 0 for t in times):
+            problems.append(f"{where}: status ok but times {times} are not all positive numbers")
+            continue
+        if not times == sorted(times):
+            problems.append(f"{where}: times are not ordered min <= q1 <= median <= q3 <= max: {times}")
+        if row["flops_total"] != row["flops_attention"] + row["flops_projections"]:
+            problems.append(f"{where}: flops_total is not flops_attention + flops_projections")
+        expected = row["flops_total"] / (row["ms_median"] / 1e3) / 1e12
+        if row["tflops"] is None or not math.isclose(row["tflops"], expected, rel_tol=1e-3):
+            problems.append(f"{where}: tflops {row['tflops']} does not match flops_total / ms_median = {expected:.4g}")
+        elif peak and (row["share_of_matmul_peak"] is None
+                       or not math.isclose(row["share_of_matmul_peak"], row["tflops"] / peak, rel_tol=1e-3)):
+            problems.append(f"{where}: share_of_matmul_peak {row['share_of_matmul_peak']} is not tflops / "
+                            f"matmul_peak.tflops = {row['tflops'] / peak:.4g}")
+        if row["correct"] not in (True, False, None):
+            problems.append(f"{where}: correct must be true, false or null, got {row['correct']!r}")
+    for ranking in result["rankings"]:
+        shape = (ranking.get("mode"), ranking.get("batch"), ranking.get("seq_len"))
+        rows = [r for r in result["rows"] if (r.get("mode"), r.get("batch"), r.get("seq_len")) == shape
+                and r.get("status") == "ok" and r.get("correct") is True]
+        order = [r["label"] for r in sorted(rows, key=lambda r: r["ms_median"])]
+        if ranking.get("order") != order:
+            problems.append(f"ranking {shape}: order {ranking.get('order')} is not the correct rows by median time {order}")
+    return problems
+
+
 def changed_sources(result):
     """Package files added, removed or edited since the run: `["attention/causal/flex.py", ...]`."""
     recorded = result["provenance"].get("source_files", {})

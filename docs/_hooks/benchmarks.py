@@ -86,6 +86,11 @@ def on_pre_build(config):
 
     root = project_root(config)
     recorded = [(path, render.load_result(path)) for path in render.find_results(root / "docs" / "results")]
+    invalid = {path.name: render.validate_result(result) for path, result in recorded}
+    invalid = {name: problems for name, problems in invalid.items() if problems}
+    if invalid:  # a file the pages cannot show honestly fails the build, with the validator's words
+        raise PluginError("results files that are not valid:\n" + "\n".join(
+            f"docs/results/{name}:\n  " + "\n  ".join(problems[:20]) for name, problems in invalid.items()))
     # Full default-profile runs first (newest first within each group): they are the headline.
     state["recorded"] = sorted(recorded, key=lambda item: item[1]["config"].get("profile") != "default")
     out = root / ".cache" / "bench" / f"cpu-quick-{source_hash()[:16]}.json"
@@ -215,27 +220,44 @@ NOT_MEASURED = ("Not measured: `mkdocs serve` found no quick run for the current
                 "until `attention/` changes.")
 
 
+def run_title(path, result):
+    """A recorded run's tab title: its dtype and profile, then the file."""
+    return f"{result['dtype']}, {result['config']['profile']} profile ({path.name})"
+
+
+def device_tab(title, runs):
+    """One device type's tab: its only run, or one nested tab per results file."""
+    if len(runs) == 1:
+        path, result = runs[0]
+        return tab(title, result_section(f"`docs/results/{path.name}`", result, state["charts"][path.stem]))
+    return tab(title, "\n".join(tab(run_title(path, result), result_section(f"`docs/results/{path.name}`", result,
+                                                                          state["charts"][path.stem]))
+                                for path, result in runs))
+
+
 def benchmark_tabs():
+    """A tab for the build's quick run, then one per device type with a tab per results file in it; every
+    valid file in docs/results/ appears, whatever its device, with no code change."""
     recorded = state["recorded"]
     if state["build_result"] is None:
         tabs = [tab("CPU, this build", NOT_MEASURED)]
     else:
         tabs = [tab("CPU, this build", result_section(
             "Measured while this site was built (quick profile).", state["build_result"], state["charts"]["build"]))]
-    cpu_runs = [(path, result) for path, result in recorded if result["device_type"] == "cpu"]
-    if cpu_runs:
-        tabs.append(tab("CPU, recorded", "\n\n".join(
-            result_section(f"`docs/results/{path.name}`", result, state["charts"][path.stem]) for path, result in cpu_runs)))
-    for device_type, (title, command) in DEVICES.items():
-        runs = [(path, result) for path, result in recorded if result["device_type"] == device_type]
+    by_type = {}
+    for path, result in recorded:
+        by_type.setdefault(result["device_type"], []).append((path, result))
+    titles = {"cpu": "CPU, recorded", **{device_type: title for device_type, (title, _) in DEVICES.items()}}
+    for device_type in dict.fromkeys(["cpu", *DEVICES, *by_type]):
+        runs = by_type.get(device_type)
+        title = titles.get(device_type, device_type.upper())
         if runs:
-            body = "\n\n".join(result_section(f"`docs/results/{path.name}`", result, state["charts"][path.stem])
-                               for path, result in runs)
-        else:
-            body = (f"No {title} run has been recorded yet. On a machine with one, run\n\n"
-                    f"```bash\n{command}\n```\n\nand commit the JSON file under `docs/results/`: "
-                    "this tab then shows it, with its provenance.")
-        tabs.append(tab(title, body))
+            tabs.append(device_tab(title, runs))
+        elif device_type in DEVICES:
+            command = DEVICES[device_type][1]
+            tabs.append(tab(title, f"No {title} run has been recorded yet. On a machine with one, run\n\n"
+                                   f"```bash\n{command}\n```\n\nand commit the JSON file under `docs/results/`: "
+                                   "this tab then shows it, with its provenance."))
     return "\n".join(tabs)
 
 

@@ -1,4 +1,8 @@
-"""MkDocs hook: lists and sentences on Markdown pages that are generated from the code, so they cannot drift.
+"""MkDocs hook: what pages say that is generated from the code or the build, so it cannot drift.
+
+`on_config` records what the site is built from (git commit, date, torch and Python versions) for
+the footer of every page (docs/_overrides/partials/copyright.html), and takes `site_url` from the
+`SITE_URL` environment variable when set (the deploy workflow sets the GitHub Pages address).
 
 `on_page_markdown` replaces these placeholders:
 
@@ -8,11 +12,39 @@
 * `<!-- registry-table -->` (api/registry.md): every registered name, its class, file and summary.
 """
 
+import datetime
 import inspect
+import os
+import platform
+import subprocess
 import warnings
 
 # Constructor calls that some classes refuse on purpose: (what, positional arguments).
 LIMIT_PROBES = (("dropout > 0", (64, 64, 32, 0.1, 4)), ("d_in != d_out", (48, 64, 32, 0.0, 4)))
+
+
+def on_config(config):
+    if os.environ.get("SITE_URL"):
+        config["site_url"] = os.environ["SITE_URL"]
+    import torch
+
+    root = os.path.dirname(os.path.abspath(config.config_file_path))
+
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30,
+                                  check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    config.extra["build"] = {
+        "commit": git("rev-parse", "--short=12", "HEAD") or "not a git checkout",
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    return config
 
 
 def class_limits():
