@@ -61,10 +61,8 @@ else:
     started = time.perf_counter()
     result = run_benchmark(quick_config(device="cpu"), progress=False, argv=["python", "-m", "attention.bench", "--quick"])
     print(f"{len(result['rows'])} rows in {time.perf_counter() - started:.0f} s")
-config = result["config"]
-show_markdown(f"Profile `{config['profile']}`: batch {config['sweep_batch']}, T = "
-              f"{', '.join(str(t) for t in config['seq_lens'])}, d_model {config['d_model']}, "
-              f"{config['num_heads']} heads, modes {', '.join(config['modes'])}.")
+show_markdown(f"Profile `{result['config']['profile']}`: {render.profile_summary(result['config'])}; modes "
+              f"{', '.join(result['config']['modes'])}.")
 show_markdown(render.provenance_summary(result))
 
 # %% [markdown]

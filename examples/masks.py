@@ -203,7 +203,7 @@ def computed_blocks(block_mask):
 
 torch.manual_seed(0)
 q, k, v = (torch.randn(B, H, T, D) for _ in range(3))  # (B, H, T, D)
-rows = []
+measured = {}  # pattern -> (density, blocks computed, blocks in all, max |flex - sdpa|)
 for name, mask_mod in patterns.items():
     batch = B if name in reads_batch else None
     dense = masks.dense_mask(mask_mod, T, T, batch=batch)  # (T, T), or (B, 1, T, T) for a per-sequence mask
@@ -212,17 +212,17 @@ for name, mask_mod in patterns.items():
     flex_out = compiled_flex_attention(q, k, v, block_mask=block_mask)  # (B, H, T, D)
     error = (flex_out - sdpa_out).abs().max().item()
     assert error < 1e-5, (name, error)
-    computed, total = computed_blocks(block_mask)
-    rows.append([name, f"{dense.float().mean().item():.3f}", f"{computed} of {total}", f"{error:.1e}"])
+    measured[name] = (dense.float().mean().item(), *computed_blocks(block_mask), error)
 
 # %% tags=["hide-input"]
 show_table(f"T = {T}: density, blocks FlexAttention computes (block size {block_mask.BLOCK_SIZE[0]}), "
            "and agreement with SDPA",
-           ["pattern", "density", "blocks computed", "max |flex - sdpa|"], rows)
-by_name = {name: (float(density), int(blocks.split(" of ")[0])) for name, density, blocks, _ in rows}
-causal_density, causal_blocks = next(value for name, value in by_name.items() if name.startswith("causal"))
-fewer = [f"`{name}` ({blocks})" for name, (density, blocks) in by_name.items() if blocks < causal_blocks]
-as_many = [f"`{name}` ({blocks})" for name, (density, blocks) in by_name.items()
+           ["pattern", "density", "blocks computed", "max |flex - sdpa|"],
+           [[name, f"{density:.3f}", f"{computed} of {total}", f"{error:.1e}"]
+            for name, (density, computed, total, error) in measured.items()])
+causal_density, causal_blocks, _, _ = measured["causal"]
+fewer = [f"`{name}` ({blocks})" for name, (_, blocks, _, _) in measured.items() if blocks < causal_blocks]
+as_many = [f"`{name}` ({blocks})" for name, (density, blocks, _, _) in measured.items()
            if density < causal_density and blocks >= causal_blocks]
 show_markdown(
     f"Density and blocks tell different stories. `causal` computes {causal_blocks} blocks. Fewer: "

@@ -144,11 +144,9 @@ rows = {(r["implementation"], r["mode"], r["batch"], r["seq_len"]): r for r in r
 
 def verdict(stacked, split):
     """'faster', 'slower' or 'tied' for stacked_heads against split_heads: do their IQRs of time overlap?"""
-    if stacked["ms_q3"] < split["ms_q1"]:
-        return "faster"
-    if stacked["ms_q1"] > split["ms_q3"]:
-        return "slower"
-    return "tied"
+    if render.tied(stacked, split):
+        return "tied"
+    return "faster" if stacked["ms_median"] < split["ms_median"] else "slower"
 
 
 def shapes_text(shapes):

@@ -14,6 +14,7 @@ Typical use in an executed docs page:
     show(render.plot_time_vs_seq_len(result))
 """
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -144,14 +145,21 @@ def is_stale(result):
     return result["provenance"].get("source_hash") != source_hash()
 
 
+def profile_summary(config):
+    """A run's sizes and timing in words, from its config (a results file's `config`, or a `BenchConfig`
+    as a dict), so the pages cannot drift from what ran."""
+    lengths = ", ".join(str(t) for t in config["seq_lens"] or ())
+    shape = (f"batch {config['sweep_batch']}, `T` = {lengths}" if lengths
+             else f"batch {config['batch']}, `T` = {config['seq_len']}")
+    return (f"{shape}, d_model {config['d_model']}, {config['num_heads']} heads, timing of at least "
+            f"{config['min_run_time']} s and {config['min_repeats']} repeats per row")
+
+
 def quick_profile_summary():
-    """The quick profile in words, from `quick_config` itself, so the docs cannot drift from the code."""
+    """The quick profile in words, from `quick_config` itself."""
     from attention.bench.harness import quick_config
 
-    config = quick_config()
-    lengths = ", ".join(str(t) for t in config.seq_lens)
-    return (f"batch {config.sweep_batch}, `T` = {lengths}, d_model {config.d_model}, {config.num_heads} heads, "
-            f"short timing ({config.min_run_time} s, at least {config.min_repeats} repeats per row)")
+    return profile_summary(dataclasses.asdict(quick_config()))
 
 
 def row_fields_table():
@@ -184,7 +192,7 @@ def _ranked(row):
     return row["status"] == "ok" and row["correct"] is True
 
 
-def _number(value, digits=3):
+def number(value, digits=3):
     if value is None:
         return "—"
     if value == 0:
@@ -228,9 +236,9 @@ def results_table(result, mode="forward", batch=None, seq_len=None):
     for rank, row in [(i + 1, r) for i, r in enumerate(ranked)] + [("", r) for r in rows if not _ranked(r)]:
         verdict = _verdict(row).replace("|", "\\|").replace("\n", " ")
         lines.append("| " + " | ".join([
-            str(rank), f"`{row['label']}`", _number(row["ms_median"]), _number(row["ms_iqr"], 2),
-            _number(row["tflops"]), _percent(row["share_of_matmul_peak"]), _mebibytes(row["peak_memory_bytes"]),
-            ", ".join(row["sdpa_backends"] or ["—"]), _number(row["compile_s"], 2), verdict]) + " |")
+            str(rank), f"`{row['label']}`", number(row["ms_median"]), number(row["ms_iqr"], 2),
+            number(row["tflops"]), _percent(row["share_of_matmul_peak"]), _mebibytes(row["peak_memory_bytes"]),
+            ", ".join(row["sdpa_backends"] or ["—"]), number(row["compile_s"], 2), verdict]) + " |")
     contended = [r for r in rows if (r["cpu_utilization"] or 1.0) < CONTENDED_BELOW]
     if contended:
         shares = ", ".join(f"`{r['label']}` {r['cpu_utilization']:.0%}" for r in contended)
@@ -254,10 +262,20 @@ def markdown_tables(result, include_sweep=False):
                 parts += [f"#### {title}: {what} against T (B={config['sweep_batch']})\n",
                           sweep_table(result, mode, metric), ""]
     if peak:
-        parts.append(f"% of matmul = TFLOP/s / {_number(peak['tflops'])} TFLOP/s, the rate of a "
+        parts.append(f"% of matmul = TFLOP/s / {number(peak['tflops'])} TFLOP/s, the rate of a "
                      f"{peak['size']}×{peak['size']} {peak['dtype']} matmul measured in the same run. "
                      "Rows that are not `correct` have no rank.")
     return "\n".join(parts).rstrip() + "\n"
+
+
+def tied(row, other):
+    """True when the interquartile ranges of two rows' times overlap: the run cannot tell them apart."""
+    return row["ms_q1"] <= other["ms_q3"] and other["ms_q1"] <= row["ms_q3"]
+
+
+def slower_by(row, fastest_row):
+    """How much slower `row` is than `fastest_row`, as "+14%"."""
+    return f"+{(row['ms_median'] / fastest_row['ms_median'] - 1) * 100:.0f}%"
 
 
 def fastest(result):
@@ -276,9 +294,9 @@ def fastest(result):
     for (mode, batch, seq_len, compiled), rows in groups.items():
         rows = sorted(rows, key=lambda r: r["ms_median"])
         best = rows[0]
-        tied = [r for r in rows[1:] if r["ms_q1"] <= best["ms_q3"]]
-        rest = [r for r in rows[1:] if r not in tied]
-        summary.append(dict(mode=mode, batch=batch, seq_len=seq_len, compiled=compiled, fastest=best, tied=tied,
+        ties = [r for r in rows[1:] if tied(r, best)]
+        rest = [r for r in rows[1:] if r not in ties]
+        summary.append(dict(mode=mode, batch=batch, seq_len=seq_len, compiled=compiled, fastest=best, tied=ties,
                             next=rest[0] if rest else None))
     return summary
 
@@ -303,11 +321,11 @@ def fastest_table(result):
                 row.append("—")
                 continue
             best, after = entry["fastest"], entry["next"]
-            text = f"`{best['label']}` {_number(best['ms_median'])} ms"
+            text = f"`{best['label']}` {number(best['ms_median'])} ms"
             if entry["tied"]:
-                text += "; tied: " + ", ".join(f"`{r['label']}` {_number(r['ms_median'])}" for r in entry["tied"])
+                text += "; tied: " + ", ".join(f"`{r['label']}` {number(r['ms_median'])}" for r in entry["tied"])
             if after is not None:
-                text += f"; next `{after['label']}` +{(after['ms_median'] / best['ms_median'] - 1) * 100:.0f}%"
+                text += f"; next `{after['label']}` {slower_by(after, best)}"
             row.append(text)
         lines.append(f"| {batch} | {seq_len} | " + " | ".join(row) + " |")
     return "\n".join(lines)
@@ -335,7 +353,7 @@ def sweep_table(result, mode="forward", metric="ms_median"):
     lengths = sorted({r["seq_len"] for r in rows})
     cells = {(r["label"], r["seq_len"]): r for r in rows}
     unit = {"ms_median": "ms", "peak_memory_bytes": "MiB", "tflops": "TFLOP/s", "share_of_matmul_peak": "% of matmul"}
-    shown = {"peak_memory_bytes": _mebibytes, "share_of_matmul_peak": _percent}.get(metric, _number)
+    shown = {"peak_memory_bytes": _mebibytes, "share_of_matmul_peak": _percent}.get(metric, number)
     lines = [f"| implementation ({unit.get(metric, metric)}) | " + " | ".join(f"T={t}" for t in lengths) + " |",
              "|---|" + "--:|" * len(lengths)]
     for label in dict.fromkeys(r["label"] for r in rows):
@@ -377,10 +395,10 @@ def provenance_summary(result):
     ]
     if peak:
         rates = [sample["tflops"] for sample in peak.get("samples", [])]
-        spread = (f" (median of {len(rates)} samples through the run; lowest {_number(min(rates))}, "
-                  f"highest {_number(max(rates))})" if len(rates) > 1 else "")
+        spread = (f" (median of {len(rates)} samples through the run; lowest {number(min(rates))}, "
+                  f"highest {number(max(rates))})" if len(rates) > 1 else "")
         lines.append(f"- **Matmul rate** ({peak['size']}² {peak['dtype']}, same run): "
-                     f"{_number(peak['tflops'])} TFLOP/s{spread}")
+                     f"{number(peak['tflops'])} TFLOP/s{spread}")
     measured = [r["cpu_utilization"] for r in result["rows"] if r["cpu_utilization"] is not None]
     if measured:
         contended = sum(share < CONTENDED_BELOW for share in measured)
@@ -458,7 +476,7 @@ def plot_share(result, batch=None, seq_len=None):
         ax.axvline(100, color="k", linestyle="--", linewidth=1, alpha=0.6)
         ax.set_xlim(0, max([110.0] + [share * 1.12 for share in shares]))
         ax.set_xlabel("useful TFLOP/s as % of the same run's matmul rate")
-    rate_text = f" (matmul: {_number(rate)} TFLOP/s)" if rate else ""
+    rate_text = f" (matmul: {number(rate)} TFLOP/s)" if rate else ""
     fig.suptitle(f"Share of the matmul rate{rate_text}: {_title_suffix(result)}")
     fig.tight_layout()
     return fig

@@ -169,16 +169,21 @@ def all_results():
     return named + [(f"`{path.name}`", result) for path, result in state["recorded"]]
 
 
+def run_line(result):
+    """What a recorded run is, in one sentence: device, dtype, date, and whether the code has changed since."""
+    from attention.bench import render
+
+    return (f"{result['provenance']['device']['name']}, {result['dtype']}, recorded {result['provenance']['date_utc'][:10]}"
+            + (" (predates the current code)" if render.is_stale(result) else "") + ".")
+
+
 def fastest_section():
     from attention.bench import render
 
     results = all_results()
     parts = [render.devices_line(results)]
     for name, result in results:
-        device = result["provenance"]["device"]["name"]
-        parts.append(f"**{name}**: {device}, {result['dtype']}, recorded {result['provenance']['date_utc'][:10]}"
-                     + (" (predates the current code)" if render.is_stale(result) else "") + ".\n\n"
-                     + render.fastest_table(result))
+        parts.append(f"**{name}**: {run_line(result)}\n\n" + render.fastest_table(result))
     parts.append("Tied: the row's interquartile range overlaps the fastest's, so the run cannot tell them apart. "
                  "Rows are measured one after another, so on a machine whose speed drifts, gaps of a few percent "
                  "are within the noise too.")
@@ -200,9 +205,9 @@ def short_answer():
             tied = ", ".join(f"`{r['label']}`" for r in entry["tied"])
             after = entry["next"]
             lines.append(f"{render.MODE_TITLES[entry['mode']]}: `{entry['fastest']['label']}` "
-                         f"({render._number(entry['fastest']['ms_median'])} ms)"
+                         f"({render.number(entry['fastest']['ms_median'])} ms)"
                          + (f", tied with {tied}" if tied else "")
-                         + (f"; next `{after['label']}`, {(after['ms_median'] / entry['fastest']['ms_median'] - 1) * 100:.0f}% slower"
+                         + (f"; next `{after['label']}`, {render.slower_by(after, entry['fastest'])[1:]} slower"
                             if after else ""))
         if lines:
             # Indented to stay inside the admonition that holds the placeholder.
@@ -275,10 +280,7 @@ def headline_charts():
         runs = [(path, result) for path, result in state["recorded"] if result["device_type"] == device_type]
         if runs:
             path, result = runs[0]
-            tabs.append(tab(title, f"{result['provenance']['device']['name']}, {result['dtype']}, "
-                                   f"recorded {result['provenance']['date_utc'][:10]}"
-                                   + (" (predates the current code)" if render.is_stale(result) else "") + ".\n\n"
-                            + images({"bars": state["charts"][path.stem]["bars"]}, "")))
+            tabs.append(tab(title, f"{run_line(result)}\n\n" + images({"bars": state["charts"][path.stem]["bars"]}, "")))
         elif device_type != "cpu":
             tabs.append(tab(title, f"No recorded run yet: see [Benchmarks](benchmarks.md) for how to make one."))
     return "\n".join(tabs) + "\nFull tables, sweeps and provenance: [Benchmarks](benchmarks.md).\n"
