@@ -301,7 +301,7 @@ def test_renderer_tables_and_charts(result, tmp_path):
         mode = {"forward": "forward", "forward + backward": "forward_backward"}[ax.get_title().split(",")[0]]
         rows = [r for r in render.shape_rows(result, mode) if r["correct"] is True]
         widths = sorted(patch.get_width() for patch in ax.patches)
-        assert widths == pytest.approx(sorted(100 * r["share_of_matmul_peak"] for r in rows))
+        assert widths == pytest.approx(sorted(100 * r["share_of_paired_matmul"] for r in rows))
     plt.close(share)
 
 
@@ -401,6 +401,7 @@ def test_recorded_and_fresh_results_are_valid(result):
     (lambda r: valid_rows(r)[0].update(tflops=valid_rows(r)[0]["tflops"] * 2), "does not match flops_total / ms_median"),
     (lambda r: valid_rows(r)[0].update(ms_q1=valid_rows(r)[0]["ms_max"] * 2), "times are not ordered"),
     (lambda r: valid_rows(r)[0].update(share_of_matmul_peak=5.0), "is not tflops / matmul_peak.tflops"),
+    (lambda r: valid_rows(r)[0].update(share_of_paired_matmul=5.0), "is not tflops / matmul_tflops_paired"),
     (lambda r: valid_rows(r)[0].pop("peak_memory_bytes"), "missing field(s) peak_memory_bytes"),
     (lambda r: valid_rows(r)[0].update(status="great"), "unknown status 'great'"),
     (lambda r: r["rankings"][0]["order"].reverse(), "is not the correct rows by median time"),
@@ -472,5 +473,90 @@ def test_an_invalid_results_file_fails_the_build_with_the_validators_message(res
 
     broken = copy.deepcopy(result)
     del broken["provenance"]["source_hash"]
-    with pytest.raises(PluginError, match=r"cuda-broken\.json:\n  provenance lacks 'source_hash'"):
+    with pytest.raises(PluginError, match=r"cuda-broken\.json: NOT valid, 1 problem\(s\):\n  - provenance lacks 'source_hash'"):
         bench_page_hook(tmp_path, monkeypatch, {"cuda-broken.json": as_device(broken, "cuda", "NVIDIA Test GPU")})
+
+
+def test_an_unreadable_results_file_fails_the_build(result, tmp_path, monkeypatch):
+    pytest.importorskip("mkdocs")
+    from mkdocs.exceptions import PluginError
+
+    partial = {key: value for key, value in result.items() if key != "rankings"}
+    with pytest.raises(PluginError, match=r"(?s)cpu-partial\.json: NOT valid.*cannot be read: missing top-level field\(s\): rankings"):
+        bench_page_hook(tmp_path, monkeypatch, {"cpu-partial.json": partial})
+
+
+def test_paired_yardstick_alternates_with_the_rows_blocks():
+    calls = []
+    timing = metrics.time_callable(lambda: calls.append("row"), "cpu", min_run_time=0.0, min_repeats=3,
+                                   warmup_time=0.0, paired=lambda: calls.append("matmul"))
+    runs = [name for index, name in enumerate(calls) if index == 0 or calls[index - 1] != name]
+    # One warm-up call of the row, then matmul, row, matmul, row, matmul, row, matmul.
+    assert runs == ["row"] + ["matmul", "row"] * 3 + ["matmul"]
+    assert timing["repeats"] == 3 and timing["paired_repeats"] == 4 and timing["paired_ms_median"] > 0
+
+
+def test_paired_yardstick_cancels_a_drifting_machine():
+    """A machine that slows down threefold while one row is timed: the row and the yardstick beside it
+    slow down alike, so their ratio stays what it is on a steady machine (here 2), and a yardstick timed
+    only before the row would be off by the drift."""
+    start = __import__("time").perf_counter()
+
+    def work(seconds):
+        def call():
+            slowdown = 1 + 4 * (__import__("time").perf_counter() - start)  # 1x at the start, 3x after 0.5 s
+            __import__("time").sleep(seconds * slowdown)
+        return call
+
+    before = metrics.time_callable(work(0.004), "cpu", min_run_time=0.05, min_repeats=3, warmup_time=0.0)
+    timing = metrics.time_callable(work(0.002), "cpu", min_run_time=0.5, min_repeats=5, warmup_time=0.0,
+                                   paired=work(0.004))
+    assert timing["paired_ms_median"] / timing["ms_median"] == pytest.approx(2, rel=0.15)
+    assert before["ms_median"] / timing["ms_median"] < 1.6  # unpaired: the drift shows
+
+
+def test_rows_carry_the_paired_yardstick(result):
+    measured = [row for row in result["rows"] if row["status"] == "ok"]
+    for row in measured:
+        assert row["matmul_tflops_paired"] > 0
+        assert row["share_of_paired_matmul"] == pytest.approx(row["tflops"] / row["matmul_tflops_paired"])
+    paired = result["matmul_peak"]["paired"]
+    assert paired["rows"] == len(measured)
+    assert paired["lowest_tflops"] <= paired["median_tflops"] <= paired["highest_tflops"]
+    table = render.markdown_tables(result)
+    assert "timed in blocks interleaved with the row's own" in table
+    assert "**Paired matmul rate**" in render.provenance_summary(result)
+
+
+def test_bfloat16_runs_on_cpu_against_its_own_yardstick_and_tolerance():
+    config = BenchConfig(**{**TINY, "dtype": "bfloat16", "seq_lens": (), "modes": ("forward", "forward_backward")})
+    run = run_benchmark(config, implementations={"split_heads": SplitHeadsAttention, "sdpa_causal": SDPACausalAttention},
+                        progress=False)
+    assert run["dtype"] == "bfloat16" and run["matmul_peak"]["dtype"] == "bfloat16"
+    assert render.validate_result(run) == []
+    for row in run["rows"]:
+        assert row["status"] == "ok" and row["correct"] is True, row
+        assert row["tolerance"] == metrics.TOLERANCES["bfloat16"]
+        assert 0 < row["max_abs_error"] <= row["tolerance"]["atol"] + row["tolerance"]["rtol"]
+
+
+def test_validate_cli_says_what_is_wrong(result, tmp_path, capsys):
+    good, stale, broken, garbled = (tmp_path / name for name in ("good.json", "stale.json", "broken.json", "bad.json"))
+    good.write_text(json.dumps(result))
+    old = copy.deepcopy(result)
+    old["provenance"]["source_files"]["attention/causal/split_heads.py"] = "0" * 64
+    old["provenance"]["source_hash"] = "f" * 64
+    stale.write_text(json.dumps(old))
+    wrong = copy.deepcopy(result)
+    valid_rows(wrong)[0]["ms_q1"] = valid_rows(wrong)[0]["ms_max"] * 2
+    broken.write_text(json.dumps(wrong))
+    garbled.write_text("{not json")
+
+    assert main(["--validate", str(good), str(stale)]) == 0
+    out = capsys.readouterr().out
+    assert f"{good}: valid: cpu (" in out and "recorded with the current attention/ sources" in out
+    assert f"{stale}: valid" in out and "recorded with older sources" in out and "attention/causal/split_heads.py" in out
+    assert main(["--validate", str(good), str(broken), str(garbled)]) == 1
+    out = capsys.readouterr().out
+    assert f"{broken}: NOT valid, 1 problem(s):" in out and "times are not ordered" in out
+    assert f"{garbled}: NOT valid" in out and "cannot be read" in out

@@ -5,6 +5,7 @@ Examples:
     python -m attention.bench --quick --out docs/results/cpu-quick.json
     python -m attention.bench --device cuda --dtype bfloat16 --mode both --compile --out results.json
     python -m attention.bench --impl sdpa_causal flex --batch 4 --seq-len 2048 --seq-lens none
+    python -m attention.bench --validate docs/results/*.json
 """
 
 import argparse
@@ -76,7 +77,21 @@ def build_parser():
     parser.add_argument("--out", metavar="FILE",
                         help="write the JSON result here (rewritten after each implementation while running)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--validate", nargs="+", metavar="FILE",
+                        help="check results files instead of running: schema, provenance, every row consistent; "
+                             "exit status 1 if any is not valid (a run recorded with older sources is valid, "
+                             "and said to be)")
     return parser
+
+
+def validate(paths):
+    """Print `render.check_report` for each file; 0 if all are valid, else 1."""
+    from attention.bench.render import check_file, check_report
+
+    verdicts = [check_file(path) for path in paths]
+    for path, checked in zip(paths, verdicts):
+        print(check_report(path, checked))
+    return 1 if any(checked["problems"] for checked in verdicts) else 0
 
 
 def config_from_args(args):
@@ -94,6 +109,8 @@ def config_from_args(args):
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.validate:
+        return validate(args.validate)
     try:
         config = config_from_args(args).resolve()
         select_implementations(IMPLEMENTATIONS, config.implementations)

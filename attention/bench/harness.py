@@ -10,8 +10,11 @@ For each shape (the headline shape, then each sequence length of the sweep) and 
    and the first `checked_tokens` positions; a mismatch gives `correct: false` and no rank.
 4. Record which SDPA backend ran (profiler) and the peak memory of one call, then time it.
 
-A dense matmul timed at the start of the run and after each shape gives the device's matmul rate
-(the median of those samples), the yardstick of each row's `share_of_matmul_peak`. The rows and
+Two yardsticks say how far each row is from the device's matmul speed. The paired one: step 4 times
+the row's calls in blocks interleaved with blocks of a dense matmul (matmul, row, matmul, ..., matmul),
+so `share_of_paired_matmul` compares the two under the same machine conditions, however the machine's
+speed drifts during the run. The run-level one: the same matmul timed at the start of the run and
+after each shape (the median of those samples), the yardstick of `share_of_matmul_peak`. The rows and
 the conventions behind each step are described in docs/benchmark-schema.md.
 """
 
@@ -193,7 +196,8 @@ class _Progress:
             error, busy = row["max_abs_error"], row["cpu_utilization"]
             mark = {True: "correct", None: "unchecked",
                     False: "WRONG" + (f" (max abs error {error:.2e})" if error is not None else "")}[row["correct"]]
-            detail = (f"{row['ms_median']:9.2f} ms (IQR {row['ms_iqr']:.2f}), {row['tflops']:.3f} TFLOP/s, {mark}"
+            detail = (f"{row['ms_median']:9.2f} ms (IQR {row['ms_iqr']:.2f}), {row['tflops']:.3f} TFLOP/s "
+                      f"({row['share_of_paired_matmul']:.0%} of matmul {row['matmul_tflops_paired']:.3f}), {mark}"
                       + (f", compile {row['compile_s']:.1f}s" if row["compile_s"] else "")
                       + (f", CPU {busy:.0%}" if busy is not None and busy < CONTENDED_BELOW else ""))
         self.say(f"{self.done}/{self.total} {row['label']:<28} {row['mode']:<16} B={row['batch']:<3} "
@@ -234,6 +238,7 @@ def run_benchmark(config=None, implementations=None, progress=True, argv=None, c
     impls = select_implementations(implementations, config.implementations)
     device, dtype = torch.device(config.device), DTYPES[config.dtype]
     shapes, variants = config.shapes(), [False, True] if config.compile else [False]
+    yardstick = metrics.matmul_call(device, dtype, config.matmul_size)  # (call, flops), timed beside every row
     reporter = _Progress(len(shapes) * len(impls) * len(variants) * len(config.modes), progress)
     samples = []
 
@@ -259,7 +264,8 @@ def run_benchmark(config=None, implementations=None, progress=True, argv=None, c
             for batch, seq_len in shapes:
                 inputs = _shape_inputs(config, state, batch, seq_len, device, dtype)
                 for (name, cls), compiled in itertools.product(impls.items(), variants):
-                    result["rows"] += _run_implementation(config, name, cls, compiled, state, *inputs, reporter)
+                    result["rows"] += _run_implementation(config, name, cls, compiled, state, *inputs, reporter,
+                                                          yardstick)
                     if checkpoint:
                         write_result(result, checkpoint)
                     gc.collect()
@@ -270,8 +276,11 @@ def run_benchmark(config=None, implementations=None, progress=True, argv=None, c
         torch.set_float32_matmul_precision(previous_precision)
     rates = [sample["tflops"] for sample in samples]
     peak = statistics.median(rates)
+    paired = [row["matmul_tflops_paired"] for row in result["rows"] if row["matmul_tflops_paired"] is not None]
     result["matmul_peak"] = {"size": config.matmul_size, "dtype": config.dtype, "statistic": "median of samples",
-                             "tflops": peak, "best_tflops": max(rates), "worst_tflops": min(rates), "samples": samples}
+                             "tflops": peak, "best_tflops": max(rates), "worst_tflops": min(rates), "samples": samples,
+                             "paired": {"rows": len(paired), "median_tflops": statistics.median(paired),
+                                        "lowest_tflops": min(paired), "highest_tflops": max(paired)} if paired else None}
     for row in result["rows"]:
         if row["tflops"] is not None and peak:
             row["share_of_matmul_peak"] = row["tflops"] / peak
@@ -316,7 +325,8 @@ def _shape_inputs(config, state, batch, seq_len, device, dtype):
     return x, grad_output, checked_tokens, reference
 
 
-def _run_implementation(config, name, cls, compiled, state, x, grad_output, checked_tokens, reference, reporter):
+def _run_implementation(config, name, cls, compiled, state, x, grad_output, checked_tokens, reference, reporter,
+                        yardstick):
     batch, seq_len = x.shape[:2]
     rows = [new_row(implementation=name, compiled=compiled, label=f"{name} (compiled)" if compiled else name,
                     mode=mode, batch=batch, seq_len=seq_len, d_in=config.d_in, d_out=config.d_model,
@@ -343,12 +353,13 @@ def _run_implementation(config, name, cls, compiled, state, x, grad_output, chec
 
     for row in rows:
         try:
-            _measure(config, module, row, x, grad_output, reference)
+            _measure(config, module, row, x, grad_output, reference, yardstick)
         except Exception as error:  # noqa: BLE001 - record the failure, keep the run going
             oom = isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
             row.update(status="failed", reason="out of memory" if oom else _error_text(error))
             row.update(dict.fromkeys(("ms_median", "ms_q1", "ms_q3", "ms_iqr", "ms_min", "ms_max", "tflops",
-                                      "cpu_utilization")))  # a failed row has no timing
+                                      "cpu_utilization", "matmul_tflops_paired",
+                                      "share_of_paired_matmul")))  # a failed row has no timing
         reporter.row(row)
     return rows
 
@@ -378,7 +389,7 @@ def _make_call(module, mode, x, grad_output):
     return call, zero_grads, lambda: [tensor.grad for tensor in holders]
 
 
-def _measure(config, module, row, x, grad_output, reference):
+def _measure(config, module, row, x, grad_output, reference, yardstick):
     device = x.device
     call, zero_grads, gradients = _make_call(module, row["mode"], x, grad_output)
 
@@ -414,11 +425,15 @@ def _measure(config, module, row, x, grad_output, reference):
     else:
         row["peak_memory_bytes"] = metrics.device_peak_memory(call, device)
         per_call_hint = time.perf_counter() - probe_start  # the probe was one plain call
-    # The profiled call (and the memory probe) count as warm-up.
-    row.update(metrics.time_callable(call, device, min_run_time=config.min_run_time, min_repeats=config.min_repeats,
-                                     warmup_time=config.warmup_time, warm_s=time.perf_counter() - warm_start,
-                                     per_call_hint=per_call_hint))
+    # The profiled call (and the memory probe) count as warm-up. The matmul blocks alternate with the row's.
+    matmul, matmul_flops = yardstick
+    timing = metrics.time_callable(call, device, min_run_time=config.min_run_time, min_repeats=config.min_repeats,
+                                   warmup_time=config.warmup_time, warm_s=time.perf_counter() - warm_start,
+                                   per_call_hint=per_call_hint, paired=matmul)
+    row.update({key: value for key, value in timing.items() if not key.startswith("paired_")})
     row["tflops"] = row["flops_total"] / (row["ms_median"] * 1e-3) / 1e12
+    row["matmul_tflops_paired"] = matmul_flops / (timing["paired_ms_median"] * 1e-3) / 1e12
+    row["share_of_paired_matmul"] = row["tflops"] / row["matmul_tflops_paired"]
 
 
 def rank_rows(rows):

@@ -79,8 +79,9 @@ def time_first_call(fn, device):
     return time.perf_counter() - start, result
 
 
-def time_callable(fn, device, min_run_time=1.0, min_repeats=5, warmup_time=0.25, warm_s=0.0, per_call_hint=None):
-    """Median and spread of the time of one call of `fn`.
+def time_callable(fn, device, min_run_time=1.0, min_repeats=5, warmup_time=0.25, warm_s=0.0, per_call_hint=None,
+                  paired=None):
+    """Median and spread of the time of one call of `fn`, and optionally of a yardstick timed beside it.
 
     Warm-up: calls `fn` until `warmup_time` seconds of calls have passed, counting `warm_s` seconds
     of calls the caller already made, timing each call to estimate its cost. Measurement: blocks of
@@ -90,47 +91,81 @@ def time_callable(fn, device, min_run_time=1.0, min_repeats=5, warmup_time=0.25,
     `torch.utils.benchmark.Timer.blocked_autorange`'s scheme, with a guaranteed number of blocks
     (blocked_autorange may stop after one block for slow calls, leaving no spread to report).
 
+    With `paired` (a callable, the yardstick), a block of `paired` calls lasting about as long as one
+    block of `fn` (at least one call) runs before every block of `fn` and once after the last:
+    yardstick, fn, yardstick, fn, ..., yardstick. The two are then measured under the same machine
+    conditions, so their ratio does not move when the machine's speed drifts during a long run.
+
     Args:
         fn, device: a callable without arguments, and the device to synchronize around each block.
         min_run_time, min_repeats, warmup_time: seconds of measurement, blocks, seconds of warm-up.
         warm_s: seconds of calls of `fn` already made just before (they count as warm-up).
         per_call_hint: seconds of one call, measured by the caller; without it a warm-up call is timed.
+        paired: a callable without arguments timed in blocks interleaved with `fn`'s, or None.
 
     Returns:
         `ms_median`, `ms_q1`, `ms_q3`, `ms_iqr`, `ms_min`, `ms_max` (per call, over the blocks),
-        `repeats` (blocks), `calls_per_repeat` and `cpu_utilization` (CPU only, else None).
+        `repeats` (blocks), `calls_per_repeat` and `cpu_utilization` (CPU only, else None; `fn`'s
+        blocks only); with `paired`, also `paired_ms_median`, `paired_ms_iqr` (per call of `paired`,
+        over its blocks) and `paired_repeats`.
     """
     clock = time.perf_counter
+
+    def run_block(callable_, calls):
+        synchronize(device)
+        start = clock()
+        for _ in range(calls):
+            callable_()
+        synchronize(device)
+        return clock() - start
+
     warmup_times, warmup_start = [], clock()
     while (per_call_hint is None and not warmup_times) or warm_s + clock() - warmup_start < warmup_time:
-        synchronize(device)
-        start = clock()
-        fn()
-        synchronize(device)
-        warmup_times.append(clock() - start)
+        warmup_times.append(run_block(fn, 1))
     per_call = max(sorted(warmup_times)[len(warmup_times) // 2] if warmup_times else per_call_hint, 1e-7)
     calls_per_repeat = max(1, math.ceil(min(min_run_time / min_repeats, 0.05) / per_call))
+    if paired is not None:
+        paired_per_call = max(run_block(paired, 1), 1e-7)  # also its warm-up after fn's calls
+        paired_calls = max(1, math.ceil(min(calls_per_repeat * per_call, 0.05) / paired_per_call))
+        paired_times = []
 
-    block_times, total = [], 0.0
-    cpu_start = time.process_time()
+    block_times, total, cpu_seconds = [], 0.0, 0.0
     while len(block_times) < min_repeats or total < min_run_time:
-        synchronize(device)
-        start = clock()
-        for _ in range(calls_per_repeat):
-            fn()
-        synchronize(device)
-        elapsed = clock() - start
+        if paired is not None:
+            paired_times.append(run_block(paired, paired_calls) / paired_calls)
+        cpu_start = time.process_time()
+        elapsed = run_block(fn, calls_per_repeat)
+        cpu_seconds += time.process_time() - cpu_start
         total += elapsed
         block_times.append(elapsed / calls_per_repeat)
-    cpu_seconds = time.process_time() - cpu_start
     # CPU time this process got per second of measurement and thread: near 1 when the cores were ours,
     # well below 1 when other processes competed for them (the timings then overstate the cost).
     cpu_utilization = cpu_seconds / (total * torch.get_num_threads()) if torch.device(device).type == "cpu" else None
-    times = torch.tensor(block_times, dtype=torch.float64) * 1e3  # per-call ms of each block
+    timing = {"repeats": len(block_times), "calls_per_repeat": calls_per_repeat, "cpu_utilization": cpu_utilization}
+    timing.update(_quartiles(block_times))
+    if paired is not None:
+        paired_times.append(run_block(paired, paired_calls) / paired_calls)
+        quartiles = _quartiles(paired_times)
+        timing.update(paired_ms_median=quartiles["ms_median"], paired_ms_iqr=quartiles["ms_iqr"],
+                      paired_repeats=len(paired_times))
+    return timing
+
+
+def _quartiles(seconds):
+    """`ms_median`, `ms_q1`, `ms_q3`, `ms_iqr`, `ms_min`, `ms_max` of per-call times given in seconds."""
+    times = torch.tensor(seconds, dtype=torch.float64) * 1e3
     q1, median, q3 = (float(torch.quantile(times, q)) for q in (0.25, 0.5, 0.75))
     return {"ms_median": median, "ms_q1": q1, "ms_q3": q3, "ms_iqr": q3 - q1,
-            "ms_min": float(times.min()), "ms_max": float(times.max()),
-            "repeats": len(block_times), "calls_per_repeat": calls_per_repeat, "cpu_utilization": cpu_utilization}
+            "ms_min": float(times.min()), "ms_max": float(times.max())}
+
+
+def matmul_call(device, dtype, size):
+    """`(call, flops)`: one dense `(size, size) @ (size, size)` matmul in `dtype` on `device` (inputs drawn
+    once from seed 0) and its FLOPs, `2 * size**3`."""
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(size, size, generator=generator).to(device=device, dtype=dtype)
+    b = torch.randn(size, size, generator=generator).to(device=device, dtype=dtype)
+    return (lambda: torch.mm(a, b)), 2 * size**3
 
 
 def matmul_rate(device, dtype, size, min_run_time=1.0, warmup_time=0.5):
@@ -141,13 +176,10 @@ def matmul_rate(device, dtype, size, min_run_time=1.0, warmup_time=0.5):
     row's share of it says how far that implementation is from matmul speed on the same machine under
     the same conditions.
     """
-    generator = torch.Generator().manual_seed(0)
-    a = torch.randn(size, size, generator=generator).to(device=device, dtype=dtype)
-    b = torch.randn(size, size, generator=generator).to(device=device, dtype=dtype)
-    timing = time_callable(lambda: torch.mm(a, b), device, min_run_time=min_run_time, min_repeats=10,
-                           warmup_time=warmup_time)
+    call, flops = matmul_call(device, dtype, size)
+    timing = time_callable(call, device, min_run_time=min_run_time, min_repeats=10, warmup_time=warmup_time)
     return {"size": size, "ms_median": timing["ms_median"], "ms_iqr": timing["ms_iqr"],
-            "tflops": 2 * size**3 / (timing["ms_median"] * 1e-3) / 1e12, "cpu_utilization": timing["cpu_utilization"]}
+            "tflops": flops / (timing["ms_median"] * 1e-3) / 1e12, "cpu_utilization": timing["cpu_utilization"]}
 
 
 def device_peak_memory(fn, device):

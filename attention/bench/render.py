@@ -39,6 +39,11 @@ def load_result(path):
     version = result.get("schema_version") if isinstance(result, dict) else None
     if not isinstance(version, int) or version > SCHEMA_VERSION:
         raise ValueError(f"{path}: schema_version must be an int <= {SCHEMA_VERSION}, got {version!r}")
+    missing = [key for key in TOP_LEVEL if key not in result]
+    if missing:
+        raise ValueError(f"{path}: missing top-level field(s): {', '.join(missing)}")
+    if not isinstance(result["rows"], list) or not all(isinstance(row, dict) for row in result["rows"]):
+        raise ValueError(f"{path}: rows must be a list of objects")
     result["rows"] = [{name: row.get(name) for name in ROW_FIELDS} for row in result["rows"]]
     return result
 
@@ -121,6 +126,12 @@ def validate_result(result):
                        or not math.isclose(row["share_of_matmul_peak"], row["tflops"] / peak, rel_tol=1e-3)):
             problems.append(f"{where}: share_of_matmul_peak {row['share_of_matmul_peak']} is not tflops / "
                             f"matmul_peak.tflops = {row['tflops'] / peak:.4g}")
+        paired = row["matmul_tflops_paired"]
+        if paired is not None and (row["share_of_paired_matmul"] is None or row["tflops"] is None
+                                   or not math.isclose(row["share_of_paired_matmul"], row["tflops"] / paired,
+                                                       rel_tol=1e-3)):
+            problems.append(f"{where}: share_of_paired_matmul {row['share_of_paired_matmul']} is not tflops / "
+                            f"matmul_tflops_paired = {(row['tflops'] or 0) / paired:.4g}")
         if row["correct"] not in (True, False, None):
             problems.append(f"{where}: correct must be true, false or null, got {row['correct']!r}")
     for ranking in result["rankings"]:
@@ -131,6 +142,42 @@ def validate_result(result):
         if ranking.get("order") != order:
             problems.append(f"ranking {shape}: order {ranking.get('order')} is not the correct rows by median time {order}")
     return problems
+
+
+def check_file(path):
+    """Everything `python -m attention.bench --validate FILE` says about a results file.
+
+    Returns `{"result", "problems", "changed"}`: the loaded result (None if it cannot be read), the
+    problems that make it unfit to publish (`validate_result`, or why it cannot be read), and the
+    package files changed since it was recorded (a run with older sources is valid, and said to be).
+    """
+    try:
+        result = load_result(path)
+    except (OSError, ValueError) as error:  # json.JSONDecodeError is a ValueError
+        return {"result": None, "problems": [f"cannot be read: {str(error).removeprefix(f'{path}: ')}"], "changed": []}
+    except (KeyError, TypeError, AttributeError) as error:
+        return {"result": None, "problems": [f"is not a results file: {type(error).__name__}: {error}"], "changed": []}
+    problems = validate_result(result)
+    changed = [] if problems else changed_sources(result)
+    return {"result": result, "problems": problems, "changed": changed}
+
+
+def check_report(path, checked):
+    """`check_file`'s verdict on `path` in words, as the validator prints it."""
+    result, problems, changed = checked["result"], checked["problems"], checked["changed"]
+    if problems:
+        return f"{path}: NOT valid, {len(problems)} problem(s):\n" + "\n".join(f"  - {problem}" for problem in problems)
+    device = result["provenance"]["device"]
+    ok = sum(row["status"] == "ok" for row in result["rows"])
+    lines = [f"{path}: valid: {device['type']} ({device['name']}), {result['dtype']}, profile "
+             f"{result['config']['profile']!r}, {len(result['rows'])} rows ({ok} measured), recorded "
+             f"{result['provenance']['date_utc']}"]
+    if changed:
+        lines.append(f"  recorded with older sources ({len(changed)} package file(s) changed since: "
+                     f"{', '.join(changed[:6])}{' ...' if len(changed) > 6 else ''}); the pages mark it as such")
+    else:
+        lines.append("  recorded with the current attention/ sources")
+    return "\n".join(lines)
 
 
 def changed_sources(result):
@@ -209,6 +256,14 @@ def _percent(share):
     return "—" if share is None else f"{share * 100:.0f}%"
 
 
+def matmul_share(row):
+    """The row's useful TFLOP/s as a share of the matmul rate: against the matmul timed beside it
+    (`share_of_paired_matmul`) where the run has one, else against the run-level rate (runs recorded
+    before the paired yardstick)."""
+    paired = row.get("share_of_paired_matmul")
+    return paired if paired is not None else row.get("share_of_matmul_peak")
+
+
 def _verdict(row):
     if row["status"] != "ok":
         return f"{row['status']}: {row['reason']}"
@@ -237,7 +292,7 @@ def results_table(result, mode="forward", batch=None, seq_len=None):
         verdict = _verdict(row).replace("|", "\\|").replace("\n", " ")
         lines.append("| " + " | ".join([
             str(rank), f"`{row['label']}`", number(row["ms_median"]), number(row["ms_iqr"], 2),
-            number(row["tflops"]), _percent(row["share_of_matmul_peak"]), _mebibytes(row["peak_memory_bytes"]),
+            number(row["tflops"]), _percent(matmul_share(row)), _mebibytes(row["peak_memory_bytes"]),
             ", ".join(row["sdpa_backends"] or ["—"]), number(row["compile_s"], 2), verdict]) + " |")
     contended = [r for r in rows if (r["cpu_utilization"] or 1.0) < CONTENDED_BELOW]
     if contended:
@@ -262,10 +317,21 @@ def markdown_tables(result, include_sweep=False):
                 parts += [f"#### {title}: {what} against T (B={config['sweep_batch']})\n",
                           sweep_table(result, mode, metric), ""]
     if peak:
-        parts.append(f"% of matmul = TFLOP/s / {number(peak['tflops'])} TFLOP/s, the rate of a "
-                     f"{peak['size']}×{peak['size']} {peak['dtype']} matmul measured in the same run. "
-                     "Rows that are not `correct` have no rank.")
+        parts.append(yardstick_note(result) + " Rows that are not `correct` have no rank.")
     return "\n".join(parts).rstrip() + "\n"
+
+
+def yardstick_note(result):
+    """What "% of matmul" means in this run's tables, in one or two sentences."""
+    peak = result.get("matmul_peak") or {}
+    paired = peak.get("paired")
+    matmul = f"a {peak['size']}×{peak['size']} {peak['dtype']} matmul"
+    if not paired:
+        return f"% of matmul = TFLOP/s / {number(peak['tflops'])} TFLOP/s, the rate of {matmul} measured in the same run."
+    return (f"% of matmul = the row's TFLOP/s over the rate of {matmul} timed in blocks interleaved with the row's "
+            f"own (matmul, row, matmul, ...), so both saw the same machine. That rate ranged from "
+            f"{number(paired['lowest_tflops'])} to {number(paired['highest_tflops'])} TFLOP/s over the run's "
+            f"{paired['rows']} rows (median {number(paired['median_tflops'])}).")
 
 
 def tied(row, other):
@@ -344,7 +410,8 @@ def devices_line(results):
 def sweep_table(result, mode="forward", metric="ms_median"):
     """Markdown table of one row field for every implementation (rows) against sequence length (columns).
 
-    `metric` is "ms_median", "tflops", "share_of_matmul_peak" or "peak_memory_bytes" (shown in MiB);
+    `metric` is "ms_median", "tflops", "share_of_paired_matmul", "share_of_matmul_peak" or
+    "peak_memory_bytes" (shown in MiB);
     incorrect, failed and skipped cells show why instead of a number.
     """
     if metric not in ROW_FIELDS:
@@ -352,8 +419,10 @@ def sweep_table(result, mode="forward", metric="ms_median"):
     rows = sweep_rows(result, mode)
     lengths = sorted({r["seq_len"] for r in rows})
     cells = {(r["label"], r["seq_len"]): r for r in rows}
-    unit = {"ms_median": "ms", "peak_memory_bytes": "MiB", "tflops": "TFLOP/s", "share_of_matmul_peak": "% of matmul"}
-    shown = {"peak_memory_bytes": _mebibytes, "share_of_matmul_peak": _percent}.get(metric, number)
+    unit = {"ms_median": "ms", "peak_memory_bytes": "MiB", "tflops": "TFLOP/s", "share_of_matmul_peak": "% of matmul",
+            "share_of_paired_matmul": "% of paired matmul"}
+    shown = {"peak_memory_bytes": _mebibytes, "share_of_matmul_peak": _percent,
+             "share_of_paired_matmul": _percent}.get(metric, number)
     lines = [f"| implementation ({unit.get(metric, metric)}) | " + " | ".join(f"T={t}" for t in lengths) + " |",
              "|---|" + "--:|" * len(lengths)]
     for label in dict.fromkeys(r["label"] for r in rows):
@@ -399,6 +468,11 @@ def provenance_summary(result):
                   f"highest {number(max(rates))})" if len(rates) > 1 else "")
         lines.append(f"- **Matmul rate** ({peak['size']}² {peak['dtype']}, same run): "
                      f"{number(peak['tflops'])} TFLOP/s{spread}")
+        paired = peak.get("paired")
+        if paired:
+            lines.append(f"- **Paired matmul rate** (timed beside each row, the yardstick of \"% of matmul\"): "
+                         f"median {number(paired['median_tflops'])} TFLOP/s over {paired['rows']} rows, lowest "
+                         f"{number(paired['lowest_tflops'])}, highest {number(paired['highest_tflops'])}")
     measured = [r["cpu_utilization"] for r in result["rows"] if r["cpu_utilization"] is not None]
     if measured:
         contended = sum(share < CONTENDED_BELOW for share in measured)
@@ -462,21 +536,22 @@ def plot_bars(result, batch=None, seq_len=None):
 
 
 def plot_share(result, batch=None, seq_len=None):
-    """A `Figure`: horizontal bars of each correct row's `share_of_matmul_peak` (useful TFLOP/s over the
-    rate of the square matmul timed in the same run) at one shape (default the headline shape), one
-    panel per mode; a dashed line marks 100%."""
+    """A `Figure`: horizontal bars of each correct row's `matmul_share` (useful TFLOP/s over the rate of
+    the square matmul timed beside it, or in the same run for older runs) at one shape (default the
+    headline shape), one panel per mode; a dashed line marks 100%."""
     fig, panels = _shape_panels(
-        result, batch, seq_len, keep=lambda r: _ranked(r) and r["share_of_matmul_peak"] is not None,
-        sort_key=lambda r: r["share_of_matmul_peak"])
-    rate = (result.get("matmul_peak") or {}).get("tflops")
+        result, batch, seq_len, keep=lambda r: _ranked(r) and matmul_share(r) is not None, sort_key=matmul_share)
+    peak = result.get("matmul_peak") or {}
+    rate = (peak.get("paired") or {}).get("median_tflops") or peak.get("tflops")
     for ax, rows in panels:
-        shares = [100 * r["share_of_matmul_peak"] for r in rows]
+        shares = [100 * matmul_share(r) for r in rows]
         bars = ax.barh([r["label"] for r in rows], shares, color="tab:green")
         ax.bar_label(bars, labels=[f"{share:.0f}%" for share in shares], padding=2, fontsize=7)
         ax.axvline(100, color="k", linestyle="--", linewidth=1, alpha=0.6)
         ax.set_xlim(0, max([110.0] + [share * 1.12 for share in shares]))
-        ax.set_xlabel("useful TFLOP/s as % of the same run's matmul rate")
-    rate_text = f" (matmul: {number(rate)} TFLOP/s)" if rate else ""
+        ax.set_xlabel("useful TFLOP/s as % of the matmul rate timed beside it" if peak.get("paired")
+                      else "useful TFLOP/s as % of the same run's matmul rate")
+    rate_text = f" (matmul: {number(rate)} TFLOP/s{', median' if peak.get('paired') else ''})" if rate else ""
     fig.suptitle(f"Share of the matmul rate{rate_text}: {_title_suffix(result)}")
     fig.tight_layout()
     return fig

@@ -59,7 +59,12 @@ class Row(TypedDict):
     flops_projections: Annotated[int, "Useful FLOPs of the query, key, value and output projections."]
     flops_total: Annotated[int, "`flops_attention + flops_projections`: the same for every implementation."]
     tflops: Annotated[float | None, "`flops_total / ms_median`, in TFLOP/s."]
-    share_of_matmul_peak: Annotated[float | None, "`tflops / matmul_peak.tflops` (it can exceed 1)."]
+    share_of_matmul_peak: Annotated[float | None, "`tflops / matmul_peak.tflops`, against the run-level matmul rate "
+                                                  "(it can exceed 1)."]
+    matmul_tflops_paired: Annotated[float | None, "The matmul rate timed in blocks interleaved with this row's timing "
+                                                  "blocks (median over those blocks), in TFLOP/s."]
+    share_of_paired_matmul: Annotated[float | None, "`tflops / matmul_tflops_paired`: the row's rate against the "
+                                                    "matmul's under the same machine conditions (it can exceed 1)."]
     peak_memory_bytes: Annotated[int | None, "Peak tensor memory of one call ([Memory](#memory))."]
     sdpa_backends: Annotated[list | None, 'SDPA backends the profiler saw run (`"flash (cpu)"`, `"math"`, `"flash"`, '
                                           '`"efficient"`, `"cudnn"`, ...); `["n/a"]` where none ran.']

@@ -85,12 +85,16 @@ def on_pre_build(config):
     from attention.bench import render, source_hash
 
     root = project_root(config)
-    recorded = [(path, render.load_result(path)) for path in render.find_results(root / "docs" / "results")]
-    invalid = {path.name: render.validate_result(result) for path, result in recorded}
-    invalid = {name: problems for name, problems in invalid.items() if problems}
-    if invalid:  # a file the pages cannot show honestly fails the build, with the validator's words
-        raise PluginError("results files that are not valid:\n" + "\n".join(
-            f"docs/results/{name}:\n  " + "\n  ".join(problems[:20]) for name, problems in invalid.items()))
+    results_dir = root / "docs" / "results"
+    # Every file there is checked, readable or not: a file the pages cannot show honestly fails the build,
+    # with the words of `python -m attention.bench --validate`.
+    checked = {path: render.check_file(path) for path in sorted(results_dir.glob("*.json"))}
+    invalid = [render.check_report(f"docs/results/{path.name}", verdict) for path, verdict in checked.items()
+               if verdict["problems"]]
+    if invalid:
+        raise PluginError("results files that are not valid (python -m attention.bench --validate FILE):\n"
+                          + "\n".join(invalid))
+    recorded = [(path, checked[path]["result"]) for path in render.find_results(results_dir)]
     # Full default-profile runs first (newest first within each group): they are the headline.
     state["recorded"] = sorted(recorded, key=lambda item: item[1]["config"].get("profile") != "default")
     out = root / ".cache" / "bench" / f"cpu-quick-{source_hash()[:16]}.json"
