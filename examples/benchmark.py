@@ -21,9 +21,9 @@
 # * **Honest timing.** Warm-up, device synchronization around each block of calls, median and
 #   [interquartile range](../../glossary/#iqr) over several blocks; the first call (which includes any compilation, such
 #   as FlexAttention's) is reported apart.
-# * **A yardstick from the same run.** A dense matmul timed in the same process gives the device's
-#   matmul rate; each row's TFLOP/s (useful FLOPs, the same count for every implementation) is
-#   shown as a share of it.
+# * **A yardstick timed beside each row.** A dense matmul, timed in blocks that alternate with the
+#   row's own blocks (matmul, row, matmul, ...), gives the device's matmul rate at that moment; each
+#   row's TFLOP/s (useful FLOPs, the same count for every implementation) is shown as a share of it.
 # * **Provenance.** Device, versions, git commit, command line and a hash of the sources that ran,
 #   so a recorded result says when it predates the current code.
 #
@@ -70,8 +70,8 @@ show_markdown(render.provenance_summary(result))
 #
 # Ranked by median time. "% of matmul" divides the row's rate (useful FLOPs: the projections and
 # the unmasked half of the attention matmuls, the same count for every implementation) by the rate
-# of the square matmul timed in the same run: 100% would turn those FLOPs into time as fast as a
-# large matmul does. "peak MiB" is the tensor memory of one call at its worst moment. "SDPA
+# of the square matmul timed beside it: 100% would turn those FLOPs into time as fast as a large
+# matmul does. "peak MiB" is the tensor memory of one call at its worst moment. "SDPA
 # backend" names the `scaled_dot_product_attention` kernel the profiler saw run, "n/a" where none
 # ran. A note under a table flags rows measured while other processes took the CPU.
 
@@ -108,3 +108,128 @@ for path in render.find_results():
     recorded = render.load_result(path)
     print(f"{path.name}: {recorded['provenance']['device']['name']}, {recorded['dtype']}, "
           f"{recorded['provenance']['date_utc']}, stale: {render.is_stale(recorded)}")
+
+# %% [markdown]
+# ## Is the share stable?
+#
+# A share of the matmul rate is only useful if it moves with the code, not with the machine. On a
+# shared host the machine's speed drifts during a half-hour run, so a yardstick timed minutes away
+# from a row (the run-level rate: the median of matmul samples taken at the start and after each
+# shape) moves every share with it. The paired yardstick is timed in the same minute as the row.
+# The default profile was recorded twice with the same sources on the same machine, with a
+# bfloat16 run in between; the table gives each class's share at the headline shape in both runs,
+# against either yardstick, and the gap in percentage points.
+
+# %% tags=["hide-input"]
+first_path = render.RESULTS_DIR / "cpu-intel-xeon-2c-float32.json"
+second_path = render.RESULTS_DIR / "repeats" / "cpu-intel-xeon-2c-float32-repeat.json"
+first, second = render.load_result(first_path), render.load_result(second_path)
+for name, run in (("run 1", first), ("run 2", second)):
+    paired, samples = run["matmul_peak"]["paired"], run["matmul_peak"]["samples"]
+    print(f"{name}: {run['provenance']['date_utc']}, {run['provenance']['duration_s'] / 60:.0f} min; matmul rate "
+          f"beside the rows {render.number(paired['lowest_tflops'])} to {render.number(paired['highest_tflops'])} "
+          f"TFLOP/s, run-level samples {render.number(min(s['tflops'] for s in samples))} to "
+          f"{render.number(max(s['tflops'] for s in samples))}")
+stability = render.share_stability(first, second)
+for entry in stability:
+    fastest_row = entry["rows"][0]
+    paired, run_level = fastest_row["paired"], fastest_row["run_level"]
+    show_markdown(f"{render.MODE_TITLES[entry['mode']].capitalize()}: the fastest class, `{entry['fastest']}`, "
+                  f"takes {paired[0]:.0%} and {paired[1]:.0%} of the paired matmul rate in the two runs "
+                  f"({abs(paired[0] - paired[1]) * 100:.0f} points apart), and {run_level[0]:.0%} and "
+                  f"{run_level[1]:.0%} of the run-level rate ({abs(run_level[0] - run_level[1]) * 100:.0f} points "
+                  f"apart). Over all classes, the largest gap is "
+                  f"{max(abs(r['paired'][0] - r['paired'][1]) for r in entry['rows']) * 100:.0f} points paired "
+                  f"and {max(abs(r['run_level'][0] - r['run_level'][1]) for r in entry['rows']) * 100:.0f} run-level.")
+show_markdown(render.share_stability_table(first, second))
+
+# %% [markdown]
+# Each row's time is measured once per run, so a class whose own time moved between runs (other
+# work on the machine during its blocks, which the yardstick beside it did not see) still moves;
+# the CPU-share column of the provenance flags rows measured on a contended CPU.
+
+# %% [markdown]
+# ## bfloat16 on this CPU
+#
+# The [Benchmarks](../../benchmarks/#bfloat16-against-float32) page compares the recorded float32
+# and bfloat16 runs class by class. To see why some classes gain and others lose, time the pieces
+# every class is made of, in both dtypes, on the machine building this page: the projections (one
+# `(B·T, d_model) @ (d_model, 3·d_model)` matmul at the quick profile's headline shape), the
+# attention core through SDPA's fused kernel, and the two halves of the written-out core (the
+# `Q Kᵀ` batched matmul and the softmax over the `(B, H, T, T)` scores).
+
+# %% tags=["hide-input"]
+import sys
+import tempfile
+
+import torch
+import torch.nn.functional as F
+
+from attention.bench import metrics
+
+
+def onednn_primitives(call):
+    """The oneDNN primitive implementations `call()` ran, from oneDNN's verbose log (C stdout)."""
+    with tempfile.TemporaryFile(mode="w+") as capture:
+        sys.stdout.flush()
+        saved = os.dup(1)
+        os.dup2(capture.fileno(), 1)
+        try:
+            with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+                call()
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        capture.seek(0)
+        lines = capture.read().splitlines()
+    return sorted({line.split(",")[6] for line in lines if line.startswith("onednn_verbose") and ",exec," in line})
+
+
+quick = quick_config()
+B, T, C, H = quick.batch, quick.seq_len, quick.d_model, quick.num_heads
+generator = torch.Generator().manual_seed(0)
+pieces = {}
+for dtype in (torch.float32, torch.bfloat16):
+    x = torch.randn(B * T, C, generator=generator).to(dtype)
+    w_qkv = torch.randn(C, 3 * C, generator=generator).to(dtype)
+    q, k, v = (torch.randn(B, H, T, C // H, generator=generator).to(dtype) for _ in range(3))
+    scores = torch.randn(B, H, T, T, generator=generator).to(dtype)
+    calls = {
+        "matmul 2048² (the CPU yardstick)": metrics.matmul_call("cpu", dtype, 2048)[0],
+        f"projections: ({B * T}, {C}) @ ({C}, {3 * C})": lambda: x @ w_qkv,
+        "SDPA causal core (fused kernel)": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        "written-out core: Q Kᵀ (batched matmul)": lambda: q @ k.transpose(-2, -1),
+        f"written-out core: softmax over ({B}, {H}, {T}, {T})": lambda: torch.softmax(scores, dim=-1),
+    }
+    for piece, call in calls.items():
+        timing = metrics.time_callable(call, "cpu", min_run_time=0.3, min_repeats=5, warmup_time=0.05)
+        pieces.setdefault(piece, {})[dtype] = (timing["ms_median"], call)
+rows = []
+for piece, timings in pieces.items():
+    fp32_ms, bf16_ms = timings[torch.float32][0], timings[torch.bfloat16][0]
+    kernels = onednn_primitives(timings[torch.bfloat16][1])
+    rows.append((piece, f"{fp32_ms:.3g}", f"{bf16_ms:.3g}", f"{fp32_ms / bf16_ms:.2f}×",
+                 ", ".join(f"`{kernel}`" for kernel in kernels) or "none (not oneDNN)"))
+show_markdown("| piece | float32 ms | bfloat16 ms | bf16 speed | oneDNN primitive in bfloat16 |\n"
+              "|---|--:|--:|--:|---|\n" + "\n".join("| " + " | ".join(row) + " |" for row in rows))
+speed = {piece: timings[torch.float32][0] / timings[torch.bfloat16][0] for piece, timings in pieces.items()}
+
+# %% tags=["hide-input"]
+def faster_or_slower(ratio):
+    return (f"{ratio:.2f}× as fast" if ratio >= 1 else f"{1 / ratio:.2f}× as slow") + " in bfloat16"
+
+
+matmul_piece, projection_piece, core_piece, qk_piece, softmax_piece = pieces
+show_markdown(
+    f"On this machine the plain matmul runs {faster_or_slower(speed[matmul_piece])} as in float32, and the "
+    f"projections, which are matmuls of the same kind, {faster_or_slower(speed[projection_piece])}. Every "
+    f"class does the same projections, so they move all classes alike. The difference between classes is the "
+    f"attention core: SDPA's fused kernel runs {faster_or_slower(speed[core_piece])} "
+    f"and the written-out core's `Q Kᵀ` {faster_or_slower(speed[qk_piece])}, while the softmax over the "
+    f"`(B, H, T, T)` scores, which reads and writes every score once and so is limited by memory traffic, "
+    f"runs {faster_or_slower(speed[softmax_piece])}, with half the bytes per element to move.")
+gaining = [piece for piece in pieces if speed[piece] > 1.05]
+losing = [piece for piece in pieces if speed[piece] < 1 / 1.05]
+show_markdown("So a class gains from bfloat16 in proportion to the time it spends in the pieces that gain here ("
+              + (", ".join(gaining) or "none") + ") and loses in proportion to the time it spends in those that "
+              "lose (" + (", ".join(losing) or "none") + ").")

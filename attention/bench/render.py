@@ -618,3 +618,118 @@ def plot_memory_vs_seq_len(result, mode="forward"):
     guides = [dict(power=2, label="O(T²)", scale=2.0), dict(power=1, label="O(T)", scale=0.5, linestyle=":")]
     return _sweep_figure(result, mode, {label: points for label, points in series.items() if points}, guides,
                          "peak memory", "peak memory of one call (MiB)")
+
+
+def _headline_rows(result, mode):
+    """`{label: row}` of the ranked (correct) rows at the headline shape in `mode`."""
+    return {r["label"]: r for r in shape_rows(result, mode) if _ranked(r)}
+
+
+def share_stability(first, second):
+    """Two runs of the same profile compared: how far each row's share of the matmul rate moved.
+
+    Returns a list per mode at the headline shape: `{"mode", "fastest", "rows"}` with `rows` a list of
+    `{"label", "paired", "run_level"}`, each a pair of shares (first run, second run), and `fastest` the
+    label of the first run's fastest row. Rows measured in only one run are left out.
+    """
+    comparison = []
+    for mode in first["config"]["modes"]:
+        a, b = _headline_rows(first, mode), _headline_rows(second, mode)
+        labels = [label for label in sorted(a, key=lambda label: a[label]["ms_median"]) if label in b]
+        if not labels:
+            continue
+        rows = [{"label": label,
+                 "paired": (a[label]["share_of_paired_matmul"], b[label]["share_of_paired_matmul"]),
+                 "run_level": (a[label]["share_of_matmul_peak"], b[label]["share_of_matmul_peak"])}
+                for label in labels]
+        comparison.append({"mode": mode, "fastest": labels[0], "rows": rows})
+    return comparison
+
+
+def _points(pair):
+    """The gap between two shares in percentage points, "—" when either is missing."""
+    return "—" if None in pair else f"{abs(pair[0] - pair[1]) * 100:.0f}"
+
+
+def share_stability_table(first, second):
+    """Markdown table of `share_stability`: per mode and implementation, the share of the matmul rate in
+    each run against the paired yardstick and against the run-level one, and the gap in points."""
+    lines = ["| mode | implementation | paired: run 1 | run 2 | gap (points) | run-level: run 1 | run 2 | gap (points) |",
+             "|---|---|--:|--:|--:|--:|--:|--:|"]
+    for entry in share_stability(first, second):
+        for row in entry["rows"]:
+            label = f"`{row['label']}`" + (" (fastest)" if row["label"] == entry["fastest"] else "")
+            lines.append(f"| {MODE_TITLES[entry['mode']]} | {label} | {_percent(row['paired'][0])} | "
+                         f"{_percent(row['paired'][1])} | {_points(row['paired'])} | {_percent(row['run_level'][0])} | "
+                         f"{_percent(row['run_level'][1])} | {_points(row['run_level'])} |")
+    return "\n".join(lines)
+
+
+def dtype_pairs(results):
+    """`[(float32 result, bfloat16 result), ...]`: recorded runs of one device and profile in both dtypes
+    (`results` as `[(path, result), ...]`; the newest of each kind, in the order given)."""
+    runs = {}
+    for _, result in results:
+        key = (result["device_type"], result["provenance"]["device"]["name"], result["config"]["profile"],
+               result["config"]["batch"], result["config"]["seq_len"])
+        runs.setdefault(key, {}).setdefault(result["dtype"], result)
+    return [(kinds["float32"], kinds["bfloat16"]) for kinds in runs.values() if {"float32", "bfloat16"} <= set(kinds)]
+
+
+def _matmul_rate(result):
+    peak = result.get("matmul_peak") or {}
+    return (peak.get("paired") or {}).get("median_tflops") or peak.get("tflops")
+
+
+def dtype_comparison(fp32, bf16):
+    """Per implementation at the headline shape, in each mode: the median times in float32 and in
+    bfloat16 and the speed-up `fp32 ms / bf16 ms` (above 1: bfloat16 is faster). Returns
+    `{"matmul": (fp32 TFLOP/s, bf16 TFLOP/s), "rows": [{"label", mode: (fp32 ms, bf16 ms, speed-up)}]}`,
+    rows in float32 forward order."""
+    modes = [mode for mode in fp32["config"]["modes"] if mode in bf16["config"]["modes"]]
+    by_mode = {mode: (_headline_rows(fp32, mode), _headline_rows(bf16, mode)) for mode in modes}
+    first = by_mode[modes[0]][0] if modes else {}
+    labels = sorted((label for label in first if all(label in a and label in b for a, b in by_mode.values())),
+                    key=lambda label: first[label]["ms_median"])
+    rows = []
+    for label in labels:
+        row = {"label": label}
+        for mode, (a, b) in by_mode.items():
+            row[mode] = (a[label]["ms_median"], b[label]["ms_median"], a[label]["ms_median"] / b[label]["ms_median"])
+        rows.append(row)
+    return {"matmul": (_matmul_rate(fp32), _matmul_rate(bf16)), "modes": modes, "rows": rows}
+
+
+def dtype_comparison_table(fp32, bf16):
+    """Markdown: the matmul rates in both dtypes, then `dtype_comparison` as a table."""
+    comparison = dtype_comparison(fp32, bf16)
+    modes = comparison["modes"]
+    header = "| implementation | " + " | ".join(f"{MODE_TITLES[m]}: float32 ms | bfloat16 ms | bf16 speed" for m in modes) + " |"
+    lines = [header, "|---|" + "--:|--:|--:|" * len(modes)]
+    for row in comparison["rows"]:
+        cells = []
+        for mode in modes:
+            fp32_ms, bf16_ms, speed = row[mode]
+            cells += [number(fp32_ms), number(bf16_ms), f"{speed:.2f}×"]
+        lines.append(f"| `{row['label']}` | " + " | ".join(cells) + " |")
+    fp32_rate, bf16_rate = comparison["matmul"]
+    config = fp32["config"]
+    intro = (f"B={config['batch']}, T={config['seq_len']}, d_model {config['d_model']}, {config['num_heads']} heads. "
+             f"The {fp32['matmul_peak']['size']}² matmul: {number(fp32_rate)} TFLOP/s in float32, {number(bf16_rate)} "
+             f"in bfloat16 ({bf16_rate / fp32_rate:.2f}×). bf16 speed = float32 ms / bfloat16 ms: above 1, "
+             "bfloat16 is faster.")
+    return intro + "\n\n" + "\n".join(lines)
+
+
+def dtype_verdict(fp32, bf16, mode="forward", margin=0.05):
+    """One sentence: which classes bfloat16 makes faster, which slower and which about the same (within
+    `margin`) in `mode` at the headline shape."""
+    comparison = dtype_comparison(fp32, bf16)
+    groups = {"faster": [], "slower": [], "about the same": []}
+    for row in comparison["rows"]:
+        speed = row[mode][2]
+        groups["faster" if speed > 1 + margin else "slower" if speed < 1 - margin else "about the same"].append(
+            f"`{row['label']}` ({speed:.2f}×)")
+    parts = [f"{what}: {', '.join(labels)}" for what, labels in groups.items() if labels]
+    return (f"{MODE_TITLES[mode].capitalize()}, bfloat16 against float32 (more than {margin:.0%} apart counts): "
+            + "; ".join(parts) + ".")

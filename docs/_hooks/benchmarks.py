@@ -88,8 +88,9 @@ def on_pre_build(config):
     results_dir = root / "docs" / "results"
     # Every file there is checked, readable or not: a file the pages cannot show honestly fails the build,
     # with the words of `python -m attention.bench --validate`.
-    checked = {path: render.check_file(path) for path in sorted(results_dir.glob("*.json"))}
-    invalid = [render.check_report(f"docs/results/{path.name}", verdict) for path, verdict in checked.items()
+    # (Files in subfolders, such as repeats/, are read by example pages rather than shown in tabs.)
+    checked = {path: render.check_file(path) for path in sorted(results_dir.rglob("*.json"))}
+    invalid = [render.check_report(path.relative_to(root).as_posix(), verdict) for path, verdict in checked.items()
                if verdict["problems"]]
     if invalid:
         raise PluginError("results files that are not valid (python -m attention.bench --validate FILE):\n"
@@ -220,6 +221,24 @@ def short_answer():
     return "No default-profile run is recorded yet; see [Benchmarks](benchmarks.md)."
 
 
+def dtype_section():
+    """bfloat16 against float32 for every device with recorded runs of one profile in both dtypes."""
+    from attention.bench import render
+
+    pairs = render.dtype_pairs(state["recorded"])
+    if not pairs:
+        return "No device has recorded runs in both float32 and bfloat16 yet."
+    parts = []
+    for fp32, bf16 in pairs:
+        parts += [f"**{fp32['provenance']['device']['name']}** ({fp32['config']['profile']} profile; float32 "
+                  f"recorded {fp32['provenance']['date_utc'][:10]}, bfloat16 {bf16['provenance']['date_utc'][:10]}). "
+                  + render.dtype_comparison_table(fp32, bf16)]
+        parts += [render.dtype_verdict(fp32, bf16, mode) for mode in render.dtype_comparison(fp32, bf16)["modes"]]
+    parts.append("Why, measured piece by piece (the projections' matmuls, the attention core, the softmax): "
+                 "[bfloat16 on this CPU](examples/benchmark.py#bfloat16-on-this-cpu).")
+    return "\n\n".join(parts)
+
+
 def tab(title, body):
     return f'=== "{title}"\n\n' + textwrap.indent(body, "    ") + "\n"
 
@@ -296,7 +315,8 @@ def on_page_markdown(markdown, page, config, files):
 
         return markdown.replace("<!-- row-fields -->", render.row_fields_table())
     if page.file.src_uri == "benchmarks.md":
-        return markdown.replace("<!-- benchmark-tabs -->", benchmark_tabs()).replace("<!-- fastest -->", fastest_section())
+        return (markdown.replace("<!-- benchmark-tabs -->", benchmark_tabs()).replace("<!-- fastest -->", fastest_section())
+                .replace("<!-- dtype-comparison -->", dtype_section()))
     if page.file.src_uri == "index.md":
         return (markdown.replace("<!-- headline-charts -->", headline_charts())
                 .replace("<!-- short-answer -->", short_answer()))
