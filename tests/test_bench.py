@@ -457,8 +457,8 @@ def test_benchmarks_page_makes_a_tab_for_every_results_file(result, tmp_path, mo
     cuda, mps = tabs["NVIDIA CUDA"], tabs["Apple MPS"]
     # Two CUDA files: a nested tab each, with its device, its provenance and its tables.
     nested = re.findall(r'^    === "([^"]+)"', cuda, flags=re.MULTILINE)
-    assert nested == ["bfloat16, default profile (cuda-testgpu-bfloat16.json)",
-                      "float32, default profile (cuda-testgpu-float32.json)"]
+    assert nested == ["float32, default profile (cuda-testgpu-float32.json)",  # float32 first, then other dtypes
+                      "bfloat16, default profile (cuda-testgpu-bfloat16.json)"]
     for body, device in ((cuda, "NVIDIA Test GPU"), (mps, "Apple Test Chip")):
         assert device in body and "| # | implementation | ms (median) |" in body
         assert "`split_heads`" in body and "What this run was measured on" in body
@@ -560,3 +560,57 @@ def test_validate_cli_says_what_is_wrong(result, tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"{broken}: NOT valid, 1 problem(s):" in out and "times are not ordered" in out
     assert f"{garbled}: NOT valid" in out and "cannot be read" in out
+
+
+def slowed(result, label, factor):
+    """A copy of `result` where every row of `label` took `factor` times as long, kept consistent (TFLOP/s,
+    shares and rankings recomputed), so it stays a valid results file."""
+    changed = copy.deepcopy(result)
+    for row in changed["rows"]:
+        if row["label"] == label and row["status"] == "ok":
+            for key in ("ms_median", "ms_q1", "ms_q3", "ms_iqr", "ms_min", "ms_max"):
+                row[key] *= factor
+            row["tflops"] /= factor
+            row["share_of_matmul_peak"] /= factor
+            row["share_of_paired_matmul"] /= factor
+    changed["rankings"] = rank_rows(changed["rows"])
+    return changed
+
+
+def test_share_stability_compares_two_runs(result):
+    assert all(row["paired"][0] == row["paired"][1] for entry in render.share_stability(result, result)
+               for row in entry["rows"])
+    slower = slowed(result, "split_heads", 2.0)
+    for entry in render.share_stability(result, slower):
+        ranking = next(r for r in result["rankings"] if (r["mode"], r["batch"], r["seq_len"]) ==
+                       (entry["mode"], result["config"]["batch"], result["config"]["seq_len"]))
+        assert entry["fastest"] == ranking["fastest"]
+        row = next(row for row in entry["rows"] if row["label"] == "split_heads")
+        assert row["paired"][1] == pytest.approx(row["paired"][0] / 2)
+    table = render.share_stability_table(result, slower)
+    assert "| forward | `split_heads`" in table and "(fastest)" in table
+
+
+def test_bfloat16_section_compares_a_devices_two_dtypes(result, tmp_path, monkeypatch):
+    pytest.importorskip("mkdocs")
+    name = result["provenance"]["device"]["name"]
+    bf16 = slowed(as_device(result, "cpu", name, "bfloat16"), "split_heads", 2.0)
+    hook = bench_page_hook(tmp_path, monkeypatch, {"cpu-test-float32.json": result, "cpu-test-bfloat16.json": bf16})
+    section = hook.dtype_section()
+    assert f"**{name}**" in section and "| `split_heads` |" in section and "0.50×" in section
+    assert "slower: `split_heads` (0.50×)" in section
+    assert "examples/benchmark.py#bfloat16-on-this-cpu" in section
+    alone = bench_page_hook(tmp_path / "alone", monkeypatch, {"cpu-test-float32.json": result})
+    assert alone.dtype_section() == "No device has recorded runs in both float32 and bfloat16 yet."
+
+
+def test_add_your_device_page_is_filled_from_the_hook(result, tmp_path, monkeypatch):
+    pytest.importorskip("mkdocs")
+    hook = bench_page_hook(tmp_path, monkeypatch, {"cpu-test-float32.json": result})
+    page = SimpleNamespace(file=SimpleNamespace(src_uri="add-your-device.md"))
+    markdown = hook.on_page_markdown((ROOT / "docs" / "add-your-device.md").read_text(), page, None, None)
+    assert "<!--" not in markdown
+    for device, command in hook.RECORD_COMMANDS.items():
+        assert f'=== "{hook.RECORD_TITLES[device]}"' in markdown and command in markdown
+    assert "docs/results/cpu-test-float32.json: valid: cpu (" in markdown
+    assert "The default-profile runs recorded for this site on" in markdown

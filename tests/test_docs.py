@@ -19,6 +19,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -434,3 +435,36 @@ def test_a_failing_example_fails_the_build(tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode != 0, f"the build passed although an example raised:\n{output[-4000:]}"
     assert "this example is broken" in output, output[-4000:]
+
+
+BENCH_COMMAND = re.compile(r"python -m attention\.bench(?P<args>[^`#|\n]*)")
+
+
+def bench_commands():
+    """(where, argument list) of every `python -m attention.bench ...` command the docs show: in the Markdown
+    pages and the README, and the commands the benchmarks hook writes into pages. Commands with `...` (an
+    elided part, in prose) are left out."""
+    from mkdocs.config import load_config
+
+    hook = load_config(str(ROOT / "mkdocs.yml")).hooks["docs/_hooks/benchmarks.py"]
+    sources = {page.relative_to(ROOT).as_posix(): page.read_text(encoding="utf-8") for page in [*PAGES, ROOT / "README.md"]}
+    sources |= {f"benchmarks hook ({device})": command for device, command in hook.RECORD_COMMANDS.items()}
+    return [(where, shlex.split(match["args"])) for where, text in sources.items()
+            for match in BENCH_COMMAND.finditer(text) if "..." not in match["args"]]
+
+
+def test_benchmark_commands_in_the_docs_parse():
+    """Every benchmark command a page shows is accepted by the real command line parser as written."""
+    pytest.importorskip("mkdocs")
+    from attention.bench.__main__ import build_parser, config_from_args
+
+    commands = bench_commands()
+    assert any("--validate" in args for _, args in commands) and len(commands) >= 10
+    for where, args in commands:
+        try:
+            parsed = build_parser().parse_args(args)
+        except SystemExit as exit:  # --help exits 0; a bad option exits 2
+            assert exit.code == 0, f"{where}: python -m attention.bench {shlex.join(args)}"
+            continue
+        if not parsed.validate:
+            config_from_args(parsed)  # every size and option builds a config (the device is checked when run)

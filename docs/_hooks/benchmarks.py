@@ -43,12 +43,19 @@ warnings.filterwarnings("ignore", message=r"`torch\.jit\.script_method` is depre
 QUICK_TIMEOUT_S = 15 * 60
 ENV_VAR = "ATTENTION_BENCH_QUICK_RESULT"
 ASSETS = "assets/benchmarks"
-DEVICES = {  # device type -> tab title and the command that records a run
-    "cuda": ("NVIDIA CUDA", "python -m attention.bench --device cuda --dtype bfloat16 --mode both --compile "
-                            "--out docs/results/cuda-<gpu>-bfloat16.json"),
-    "mps": ("Apple MPS", "python -m attention.bench --device mps --dtype float32 --mode both "
-                         "--out docs/results/mps-<chip>-float32.json"),
+# The command that records a default-profile run, per device type: shown on the Benchmarks page (tabs
+# without a run) and on "Add your device". Each runs as written; rename the file after your device.
+RECORD_COMMANDS = {
+    "cuda": "python -m attention.bench --device cuda --dtype bfloat16 --mode both --compile "
+            "--out docs/results/cuda-my-gpu-bfloat16.json",
+    "mps": "python -m attention.bench --device mps --dtype float32 --mode both --out docs/results/mps-my-mac-float32.json",
+    "cpu": "python -m attention.bench --device cpu --dtype float32 --mode both --out docs/results/cpu-my-cpu-float32.json",
 }
+DEVICES = {  # device type -> tab title and the command that records a run
+    "cuda": ("NVIDIA CUDA", RECORD_COMMANDS["cuda"]),
+    "mps": ("Apple MPS", RECORD_COMMANDS["mps"]),
+}
+RECORD_TITLES = {"cuda": "NVIDIA GPU", "mps": "Apple silicon (MPS)", "cpu": "CPU"}
 
 state = {"command": "build", "build_result": None, "recorded": [], "charts": {}}
 
@@ -96,8 +103,10 @@ def on_pre_build(config):
         raise PluginError("results files that are not valid (python -m attention.bench --validate FILE):\n"
                           + "\n".join(invalid))
     recorded = [(path, checked[path]["result"]) for path in render.find_results(results_dir)]
-    # Full default-profile runs first (newest first within each group): they are the headline.
-    state["recorded"] = sorted(recorded, key=lambda item: item[1]["config"].get("profile") != "default")
+    # Full default-profile runs first, float32 before other dtypes (newest first within each group): the
+    # headline charts and the short answer read the first run of each device.
+    state["recorded"] = sorted(recorded, key=lambda item: (item[1]["config"].get("profile") != "default",
+                                                           item[1]["dtype"] != "float32"))
     out = root / ".cache" / "bench" / f"cpu-quick-{source_hash()[:16]}.json"
     if state["command"] != "serve":
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -196,14 +205,16 @@ def fastest_section():
 
 
 def short_answer():
-    """Home's recommendation, read from the recorded default-profile runs (never typed in)."""
+    """Home's recommendation, read from the recorded default-profile runs (never typed in): per device and
+    dtype, the fastest correct class at the headline shape in each mode."""
     from attention.bench import render
 
-    lines = []
-    for path, result in state["recorded"]:
+    blocks = []
+    for path, result in sorted(state["recorded"], key=lambda item: item[1]["dtype"] != "float32"):
         if result["config"]["profile"] != "default":
             continue
         device, config = result["provenance"]["device"]["name"], result["config"]
+        lines = []
         for entry in render.fastest(result):
             if (entry["batch"], entry["seq_len"], entry["compiled"]) != (config["batch"], config["seq_len"], False):
                 continue
@@ -216,9 +227,11 @@ def short_answer():
                             if after else ""))
         if lines:
             # Indented to stay inside the admonition that holds the placeholder.
-            return (f"On {device} ({result['dtype']}, B={config['batch']}, T={config['seq_len']}, recorded "
-                    f"{result['provenance']['date_utc'][:10]}):\n\n" + "\n".join(f"    * {line}" for line in lines))
-    return "No default-profile run is recorded yet; see [Benchmarks](benchmarks.md)."
+            blocks.append(f"On {device} in {result['dtype']} (B={config['batch']}, T={config['seq_len']}, recorded "
+                          f"{result['provenance']['date_utc'][:10]}):\n\n" + "\n".join(f"    * {line}" for line in lines))
+    if not blocks:
+        return "No default-profile run is recorded yet; see [Benchmarks](benchmarks.md)."
+    return "\n\n    ".join(blocks)
 
 
 def dtype_section():
@@ -309,7 +322,35 @@ def headline_charts():
     return "\n".join(tabs) + "\nFull tables, sweeps and provenance: [Benchmarks](benchmarks.md).\n"
 
 
+def record_commands():
+    """Content tabs with the command that records a run on each device type."""
+    return "\n".join(tab(RECORD_TITLES[device_type], f"```bash\n{command}\n```\n")
+                     for device_type, command in RECORD_COMMANDS.items())
+
+
+def record_duration():
+    """How long the recorded default-profile runs took, read from their provenance."""
+    runs = [result for _, result in state["recorded"] if result["config"]["profile"] == "default"]
+    if not runs:
+        return ""
+    spans = ", ".join(f"{result['dtype']} {result['provenance']['duration_s'] / 60:.0f} minutes" for result in runs)
+    devices = sorted({result["provenance"]["device"]["name"] for result in runs})
+    return f"The default-profile runs recorded for this site on {', '.join(devices)} took: {spans}."
+
+
+def validate_example():
+    """`python -m attention.bench --validate` run on each recorded file, as the reader would see it."""
+    from attention.bench import render
+
+    reports = [render.check_report(f"docs/results/{path.name}", render.check_file(path)) for path, _ in state["recorded"]]
+    return "```text\n" + "\n".join(reports) + "\n```"
+
+
 def on_page_markdown(markdown, page, config, files):
+    if page.file.src_uri == "add-your-device.md":
+        return (markdown.replace("<!-- record-commands -->", record_commands())
+                .replace("<!-- record-duration -->", record_duration())
+                .replace("<!-- validate-example -->", validate_example()))
     if page.file.src_uri == "benchmark-schema.md":
         from attention.bench import render
 
