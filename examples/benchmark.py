@@ -136,8 +136,8 @@ for entry in stability:
     paired, run_level = fastest_row["paired"], fastest_row["run_level"]
     show_markdown(f"{render.MODE_TITLES[entry['mode']].capitalize()}: the fastest class, `{entry['fastest']}`, "
                   f"takes {paired[0]:.0%} and {paired[1]:.0%} of the paired matmul rate in the two runs "
-                  f"({abs(paired[0] - paired[1]) * 100:.0f} points apart), and {run_level[0]:.0%} and "
-                  f"{run_level[1]:.0%} of the run-level rate ({abs(run_level[0] - run_level[1]) * 100:.0f} points "
+                  f"({abs(paired[0] - paired[1]) * 100:.1f} points apart), and {run_level[0]:.0%} and "
+                  f"{run_level[1]:.0%} of the run-level rate ({abs(run_level[0] - run_level[1]) * 100:.1f} points "
                   f"apart). Over all classes, the largest gap is "
                   f"{max(abs(r['paired'][0] - r['paired'][1]) for r in entry['rows']) * 100:.0f} points paired "
                   f"and {max(abs(r['run_level'][0] - r['run_level'][1]) for r in entry['rows']) * 100:.0f} run-level.")
@@ -153,10 +153,10 @@ show_markdown(render.share_stability_table(first, second))
 #
 # The [Benchmarks](../../benchmarks/#bfloat16-against-float32) page compares the recorded float32
 # and bfloat16 runs class by class. To see why some classes gain and others lose, time the pieces
-# every class is made of, in both dtypes, on the machine building this page: the projections (one
-# `(B·T, d_model) @ (d_model, 3·d_model)` matmul at the quick profile's headline shape), the
-# attention core through SDPA's fused kernel, and the two halves of the written-out core (the
-# `Q Kᵀ` batched matmul and the softmax over the `(B, H, T, T)` scores).
+# every class is made of, in both dtypes, at the recorded runs' headline shape, on the machine
+# building this page: the projections (one `(B·T, d_model) @ (d_model, 3·d_model)` matmul), the
+# attention core through SDPA's fused kernel, and the four steps of the written-out core (`Q Kᵀ`,
+# the causal mask, the softmax over the `(B, H, T, T)` scores, and the weights times `V`).
 
 # %% tags=["hide-input"]
 import sys
@@ -185,51 +185,72 @@ def onednn_primitives(call):
     return sorted({line.split(",")[6] for line in lines if line.startswith("onednn_verbose") and ",exec," in line})
 
 
-quick = quick_config()
-B, T, C, H = quick.batch, quick.seq_len, quick.d_model, quick.num_heads
+recorded = render.load_result(render.RESULTS_DIR / "cpu-intel-xeon-2c-float32.json")["config"]
+B, T, C, H = recorded["batch"], recorded["seq_len"], recorded["d_model"], recorded["num_heads"]  # the headline shape
 generator = torch.Generator().manual_seed(0)
+causal = torch.ones(T, T, dtype=torch.bool).tril()
 pieces = {}
 for dtype in (torch.float32, torch.bfloat16):
     x = torch.randn(B * T, C, generator=generator).to(dtype)
     w_qkv = torch.randn(C, 3 * C, generator=generator).to(dtype)
     q, k, v = (torch.randn(B, H, T, C // H, generator=generator).to(dtype) for _ in range(3))
-    scores = torch.randn(B, H, T, T, generator=generator).to(dtype)
+    scores = torch.randn(B, H, T, T, generator=generator).to(dtype)  # (B, H, T, T)
     calls = {
         "matmul 2048² (the CPU yardstick)": metrics.matmul_call("cpu", dtype, 2048)[0],
         f"projections: ({B * T}, {C}) @ ({C}, {3 * C})": lambda: x @ w_qkv,
         "SDPA causal core (fused kernel)": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-        "written-out core: Q Kᵀ (batched matmul)": lambda: q @ k.transpose(-2, -1),
-        f"written-out core: softmax over ({B}, {H}, {T}, {T})": lambda: torch.softmax(scores, dim=-1),
+        "written-out core: Q Kᵀ": lambda: q @ k.transpose(-2, -1),
+        "written-out core: causal masked_fill": lambda: scores.masked_fill(~causal, float("-inf")),
+        "written-out core: softmax": lambda: torch.softmax(scores, dim=-1),
+        "written-out core: weights @ V": lambda: scores @ v,
     }
-    for piece, call in calls.items():
-        timing = metrics.time_callable(call, "cpu", min_run_time=0.3, min_repeats=5, warmup_time=0.05)
-        pieces.setdefault(piece, {})[dtype] = (timing["ms_median"], call)
+    for piece, call in calls.items():  # timed now: the lambdas read this iteration's tensors
+        timing = metrics.time_callable(call, "cpu", min_run_time=0.3, min_repeats=3, warmup_time=0.05)
+        pieces.setdefault(piece, {})[dtype] = (timing["ms_median"], call)  # bfloat16's calls are probed below
 rows = []
 for piece, timings in pieces.items():
     fp32_ms, bf16_ms = timings[torch.float32][0], timings[torch.bfloat16][0]
     kernels = onednn_primitives(timings[torch.bfloat16][1])
     rows.append((piece, f"{fp32_ms:.3g}", f"{bf16_ms:.3g}", f"{fp32_ms / bf16_ms:.2f}×",
                  ", ".join(f"`{kernel}`" for kernel in kernels) or "none (not oneDNN)"))
-show_markdown("| piece | float32 ms | bfloat16 ms | bf16 speed | oneDNN primitive in bfloat16 |\n"
+show_markdown(f"B = {B}, T = {T}, d_model {C}, {H} heads; bf16 speed = float32 ms / bfloat16 ms (above 1: "
+              "bfloat16 is faster).\n\n| piece | float32 ms | bfloat16 ms | bf16 speed | oneDNN primitive in bfloat16 |\n"
               "|---|--:|--:|--:|---|\n" + "\n".join("| " + " | ".join(row) + " |" for row in rows))
-speed = {piece: timings[torch.float32][0] / timings[torch.bfloat16][0] for piece, timings in pieces.items()}
+ms = {piece: {dtype: timing[0] for dtype, timing in timings.items()} for piece, timings in pieces.items()}
+speed = {piece: times[torch.float32] / times[torch.bfloat16] for piece, times in ms.items()}
 
 # %% tags=["hide-input"]
-def faster_or_slower(ratio):
-    return (f"{ratio:.2f}× as fast" if ratio >= 1 else f"{1 / ratio:.2f}× as slow") + " in bfloat16"
-
-
-matmul_piece, projection_piece, core_piece, qk_piece, softmax_piece = pieces
+matmul_piece, projection_piece, core_piece, qk_piece, mask_piece, softmax_piece, pv_piece = pieces
+elementwise = (mask_piece, softmax_piece)
+written_out = (qk_piece, mask_piece, softmax_piece, pv_piece)
+elementwise_share = sum(ms[p][torch.float32] for p in elementwise) / sum(ms[p][torch.float32] for p in written_out)
+written_out_speed = sum(ms[p][torch.float32] for p in written_out) / sum(ms[p][torch.bfloat16] for p in written_out)
 show_markdown(
-    f"On this machine the plain matmul runs {faster_or_slower(speed[matmul_piece])} as in float32, and the "
-    f"projections, which are matmuls of the same kind, {faster_or_slower(speed[projection_piece])}. Every "
-    f"class does the same projections, so they move all classes alike. The difference between classes is the "
-    f"attention core: SDPA's fused kernel runs {faster_or_slower(speed[core_piece])} "
-    f"and the written-out core's `Q Kᵀ` {faster_or_slower(speed[qk_piece])}, while the softmax over the "
-    f"`(B, H, T, T)` scores, which reads and writes every score once and so is limited by memory traffic, "
-    f"runs {faster_or_slower(speed[softmax_piece])}, with half the bytes per element to move.")
-gaining = [piece for piece in pieces if speed[piece] > 1.05]
-losing = [piece for piece in pieces if speed[piece] < 1 / 1.05]
-show_markdown("So a class gains from bfloat16 in proportion to the time it spends in the pieces that gain here ("
-              + (", ".join(gaining) or "none") + ") and loses in proportion to the time it spends in those that "
-              "lose (" + (", ".join(losing) or "none") + ").")
+    f"Read as bfloat16 speed against float32: the matmul runs at {speed[matmul_piece]:.2f}× (the oneDNN kernel "
+    f"named in the table), the projections at {speed[projection_piece]:.2f}× and the weights times `V` at "
+    f"{speed[pv_piece]:.2f}×: matmuls with small outputs, limited by arithmetic. SDPA's fused kernel, which does "
+    f"its matmuls on tiles and never writes the scores out, runs at {speed[core_piece]:.2f}×. The steps that "
+    f"move the `(B, H, T, T)` scores through memory run at {speed[mask_piece]:.2f}× (the mask) and "
+    f"{speed[softmax_piece]:.2f}× (the softmax), with half the bytes per element to move, and `Q Kᵀ`, a matmul "
+    f"whose output is those scores, at {speed[qk_piece]:.2f}×. The mask and the softmax take "
+    f"{elementwise_share:.0%} of the written-out core's time in float32, so that core as a whole runs at "
+    f"{written_out_speed:.2f}×.")
+
+# %% tags=["hide-input"]
+fp32_run = render.load_result(render.RESULTS_DIR / "cpu-intel-xeon-2c-float32.json")
+bf16_run = render.load_result(render.RESULTS_DIR / "cpu-intel-xeon-2c-bfloat16.json")
+fused = {row["label"] for row in render.shape_rows(fp32_run, "forward")
+         if row["sdpa_backends"] != ["n/a"] or "flex" in row["implementation"]}  # SDPA or FlexAttention kernels
+comparison = render.dtype_comparison(fp32_run, bf16_run)["rows"]
+for mode in ("forward", "forward_backward"):
+    fused_speeds = sorted(row[mode][2] for row in comparison if row["label"] in fused)
+    written_speeds = sorted(row[mode][2] for row in comparison if row["label"] not in fused)
+    show_markdown(
+        f"In the recorded runs ({render.MODE_TITLES[mode]}, B = {B}, T = {T}), the {len(fused_speeds)} classes on "
+        f"fused kernels run at {fused_speeds[0]:.2f}× to {fused_speeds[-1]:.2f}× their float32 speed in bfloat16, "
+        f"the {len(written_speeds)} that write out the scores at {written_speeds[0]:.2f}× to {written_speeds[-1]:.2f}×.")
+show_markdown(
+    "So every class pays for the slower projections; a class whose time is nearly all matmuls loses, and a class "
+    "that spends much of its time moving the `(B, H, T, T)` scores, which bfloat16 halves, loses less or gains. "
+    "On a CPU whose bfloat16 matmuls are faster than its float32 ones the balance changes: run the benchmark "
+    "there and [add the file](../../add-your-device/).")

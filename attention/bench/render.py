@@ -648,7 +648,7 @@ def share_stability(first, second):
 
 def _points(pair):
     """The gap between two shares in percentage points, "—" when either is missing."""
-    return "—" if None in pair else f"{abs(pair[0] - pair[1]) * 100:.0f}"
+    return "—" if None in pair else f"{abs(pair[0] - pair[1]) * 100:.1f}"
 
 
 def share_stability_table(first, second):
