@@ -141,6 +141,13 @@ for entry in stability:
                   f"apart). Over all classes, the largest gap is "
                   f"{max(abs(r['paired'][0] - r['paired'][1]) for r in entry['rows']) * 100:.0f} points paired "
                   f"and {max(abs(r['run_level'][0] - r['run_level'][1]) for r in entry['rows']) * 100:.0f} run-level.")
+run_level_rates = [run["matmul_peak"]["tflops"] for run in (first, second)]
+paired_range = [first["matmul_peak"]["paired"][key] for key in ("lowest_tflops", "highest_tflops")]
+show_markdown(f"The two runs' run-level matmul rates were {render.number(run_level_rates[0])} and "
+              f"{render.number(run_level_rates[1])} TFLOP/s, {abs(run_level_rates[0] / run_level_rates[1] - 1):.0%} "
+              f"apart, so here both yardsticks give nearly the same shares. The paired one is what keeps a share "
+              f"put when the machine's speed does move: within run 1, the matmul timed beside the rows ran from "
+              f"{render.number(paired_range[0])} to {render.number(paired_range[1])} TFLOP/s.")
 show_markdown(render.share_stability_table(first, second))
 
 # %% [markdown]
