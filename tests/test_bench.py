@@ -611,6 +611,7 @@ def test_add_your_device_page_is_filled_from_the_hook(result, tmp_path, monkeypa
     markdown = hook.on_page_markdown((ROOT / "docs" / "add-your-device.md").read_text(), page, None, None)
     assert "<!--" not in markdown
     for device, command in hook.RECORD_COMMANDS.items():
-        assert f'=== "{hook.RECORD_TITLES[device]}"' in markdown and command in markdown
+        assert f'=== "{hook.RECORD_TITLES[device]}"' in markdown
+        assert command.replace(" --out ", " \\\n        --out ") in markdown  # inside the tab, on two lines
     assert "docs/results/cpu-test-float32.json: valid: cpu (" in markdown
     assert "The default-profile runs recorded for this site on" in markdown

@@ -324,8 +324,9 @@ def headline_charts():
 
 def record_commands():
     """Content tabs with the command that records a run on each device type."""
-    return "\n".join(tab(RECORD_TITLES[device_type], f"```bash\n{command}\n```\n")
-                     for device_type, command in RECORD_COMMANDS.items())
+    # The file name on a line of its own (a shell line continuation), so a phone shows it without scrolling.
+    return "\n".join(tab(RECORD_TITLES[device_type], "```bash\n" + command.replace(" --out ", " \\\n    --out ")
+                          + "\n```\n") for device_type, command in RECORD_COMMANDS.items())
 
 
 def record_duration():
