@@ -15,6 +15,7 @@ from attention.causal.sdpa_mask import SDPAMaskAttention
 from attention.causal.seq_first import SeqFirstAttention
 from attention.causal.split_heads import SplitHeadsAttention
 from attention.causal.stacked_heads import StackedHeadsAttention
+from attention.causal.tiled import TiledAttention
 from attention.causal.torch_mha import TorchMultiheadAttention, TorchMultiheadAttentionWithWeights
 
 
@@ -41,5 +42,6 @@ IMPLEMENTATIONS = Registry({
     "alibi": ALiBiAttention,
     "rope": RoPEAttention,
     "alibi_flex": ALiBiFlexAttention,
+    "tiled": TiledAttention,
 })
 
