@@ -193,8 +193,11 @@ def test_every_class_keeps_the_family_contract(name):
     from attention.causal import CausalSelfAttention
 
     cls = attention.IMPLEMENTATIONS[name]
-    parameters = list(inspect.signature(cls.__init__).parameters)[1:]
+    signature = inspect.signature(cls.__init__)
+    # The family's positional signature; keyword-only extras (block_size, num_kv_heads) need defaults.
+    parameters = [name for name, p in signature.parameters.items() if p.kind != p.KEYWORD_ONLY][1:]
     assert parameters == ["d_in", "d_out", "context_length", "dropout", "num_heads", "qkv_bias"], parameters
+    assert all(p.default is not p.empty for p in signature.parameters.values() if p.kind == p.KEYWORD_ONLY)
     assert inspect.signature(cls.__init__).parameters["qkv_bias"].default is False
     assert cls.position_encoding in (None, "rope", "alibi")
     assert isinstance(cls(8, 8, 8, 0.0, 2), CausalSelfAttention)
