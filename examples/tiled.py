@@ -52,7 +52,7 @@ show_table("One (B, H, T, T) float32 score matrix against one (B, H, T, D) tenso
 
 # %%
 torch.manual_seed(0)
-scores = torch.randn(8) * 2  # one query's scores against 8 keys
+scores = torch.linspace(-1, 3, 8) + torch.randn(8) * 0.5  # one query's scores against 8 keys: rising, so the max moves
 values = torch.randn(8)  # D = 1
 running_max, running_sum, acc = float("-inf"), 0.0, 0.0
 steps = []
