@@ -84,3 +84,17 @@ def test_each_sdpa_backend_matches_reference(backend, dtype):
         torch.testing.assert_close(x_run.grad.double().cpu(), ref_x_grad, **tolerance("cuda", dtype))
     else:
         assert torch.isfinite(x_run.grad).all()
+
+
+def test_long_profile_runs_on_cuda():
+    """The long profile's both sweeps on CUDA from the same code: every row measured and correct."""
+    from attention.bench import render
+    from attention.bench.long import long_config, run_long
+
+    config = long_config(device="cuda", seq_lens=(256, 512), d_model=64, num_heads=2, min_run_time=0.01,
+                         min_repeats=2, warmup_time=0.0, matmul_size=256)
+    result = run_long(config, progress=False)
+    assert render.validate_result(result) == []
+    assert all(r["status"] == "ok" and r["correct"] is True for r in result["rows"])
+    sparse = render.block_sparse_rows(result)
+    assert len(sparse) == 4 * 2 * 2 and all(r["status"] == "ok" and r["correct"] is True for r in sparse)

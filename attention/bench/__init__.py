@@ -8,6 +8,7 @@ Markdown tables and matplotlib charts. The file format is described in docs/benc
 
 Modules:
     harness: `BenchConfig`, `quick_config`, `run_benchmark`, `write_result`.
+    long: the long-context profile (`--profile long`): memory against T to 16k, block-sparse masks.
     schema: `Row`, the type of each result row, and `SCHEMA_VERSION`.
     metrics: FLOP count, tolerances, timing, matmul rate, peak memory, SDPA backend detection.
     provenance: `collect_provenance`, `source_hash`.

@@ -3,6 +3,7 @@
 Examples:
 
     python -m attention.bench --quick --out docs/results/cpu-quick.json
+    python -m attention.bench --profile long --out docs/results/long/cpu-long-float32.json
     python -m attention.bench --device cuda --dtype bfloat16 --mode both --compile --out results.json
     python -m attention.bench --impl sdpa_causal flex --batch 4 --seq-len 2048 --seq-lens none
     python -m attention.bench --validate docs/results/*.json
@@ -57,6 +58,11 @@ def build_parser():
     parser.add_argument("--quick", action="store_true",
                         help=f"the docs profile: batch {quick.sweep_batch}, T={','.join(map(str, quick.seq_lens))}, "
                              "short timing; explicit size options override it")
+    parser.add_argument("--profile", choices=("default", "quick", "long"), default="default",
+                        help="default: GPT-2 small plus the sweep; quick: the same as --quick; long: memory against "
+                             "T = 128..16384 for split_heads, tiled and sdpa_causal, then FlexAttention BlockMasks "
+                             "against dense SDPA masks (causal, sliding window, BigBird, documents) at the same "
+                             "lengths; explicit size options override a profile's")
     parser.add_argument("--batch", type=positive_int, help="headline batch size (default 8)")
     parser.add_argument("--seq-len", type=positive_int, help="headline sequence length (default 1024)")
     parser.add_argument("--seq-lens", type=seq_lens_argument,
@@ -99,8 +105,12 @@ def config_from_args(args):
     fields = {field.name for field in dataclasses.fields(BenchConfig)}
     overrides = {key: value for key, value in vars(args).items() if key in fields and value is not None}
     overrides["modes"] = MODE_CHOICES[args.mode]
-    if args.quick:
+    overrides.pop("profile", None)  # --profile picks the settings below; the config records the profile's name
+    if args.quick or args.profile == "quick":
         return quick_config(**overrides)
+    if args.profile == "long":
+        from attention.bench.long import long_config
+        return long_config(**overrides)
     custom = any(key in overrides for key in ("batch", "seq_len", "seq_lens", "sweep_batch", "d_model", "d_in",
                                                "num_heads", "min_run_time", "min_repeats"))
     return BenchConfig(profile="custom" if custom else "default", **overrides)
@@ -117,13 +127,19 @@ def main(argv=None):
     except ValueError as error:
         parser.error(str(error))
     # With --out the run writes its file after each implementation and once complete.
-    result = run_benchmark(config, progress=not args.quiet, checkpoint=args.out,
-                           argv=None if argv is None else ["python", "-m", "attention.bench", *argv])
-    from attention.bench.render import markdown_tables, provenance_summary
+    run = run_benchmark
+    if config.profile == "long":
+        from attention.bench.long import run_long as run
+    result = run(config, progress=not args.quiet, checkpoint=args.out,
+                 argv=None if argv is None else ["python", "-m", "attention.bench", *argv])
+    from attention.bench.render import block_sparse_table, markdown_tables, provenance_summary
 
     print(provenance_summary(result))
     print()
-    print(markdown_tables(result))
+    print(markdown_tables(result, include_sweep=config.profile == "long"))
+    if result.get("block_sparse"):
+        print()
+        print(block_sparse_table(result))
     if args.out:
         print(f"\nwrote {args.out}", file=sys.stderr)
     return 0

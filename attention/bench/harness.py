@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from attention.bench import metrics
-from attention.bench.provenance import collect_provenance, load_average
+from attention.bench.provenance import available_memory_bytes, collect_provenance, load_average
 from attention.bench.schema import CONTENDED_BELOW, SCHEMA_VERSION, new_row
 from attention.causal.flex import recompile_room
 
@@ -70,7 +70,12 @@ class BenchConfig:
         matmul_size: side of the square matmul that measures the device's rate; default 2048 on
             CPU, 4096 elsewhere.
         check_max_scores: bound on H * checked_tokens^2, the float64 reference's score count.
-        profile: the profile's name, recorded in the result ("default", "quick" or "custom").
+        profile: the profile's name, recorded in the result ("default", "quick", "long" or "custom").
+        memory_budget_bytes: on CPU, a row whose peak memory, predicted from the same implementation and
+            mode at the previous shape (times the batch ratio and the squared length ratio, the naive
+            classes' growth), exceeds this is skipped with the prediction as its reason: past RAM the
+            operating system kills the process instead of raising. Default 3/4 of the memory available
+            when the run starts. Elsewhere out of memory raises, and the row is "failed".
     """
 
     device: str = "auto"
@@ -93,6 +98,7 @@ class BenchConfig:
     matmul_size: int | None = None
     check_max_scores: int = 12 * 2048 * 2048
     profile: str = "default"
+    memory_budget_bytes: int | None = None
 
     def resolve(self):
         """A copy with the device resolved and defaults filled in; `ValueError` naming any bad value."""
@@ -115,6 +121,8 @@ class BenchConfig:
             d_in=self.d_model if self.d_in is None else self.d_in,
             matmul_size=(2048 if device.type == "cpu" else 4096) if self.matmul_size is None else self.matmul_size,
             implementations=None if self.implementations is None else tuple(self.implementations),
+            memory_budget_bytes=self.memory_budget_bytes if self.memory_budget_bytes is not None
+            else _default_memory_budget(device),
         )
         for name in ("batch", "seq_len", "d_model", "num_heads", "min_repeats", "check_max_scores", "d_in",
                      "sweep_batch", "matmul_size"):
@@ -132,6 +140,11 @@ class BenchConfig:
         """The `(batch, seq_len)` pairs to measure, headline first, without repeats."""
         shapes = [(self.batch, self.seq_len)] + [(self.sweep_batch, t) for t in self.seq_lens or ()]
         return list(dict.fromkeys(shapes))
+
+
+def _default_memory_budget(device):
+    available = available_memory_bytes() if device.type == "cpu" else None
+    return None if available is None else available * 3 // 4
 
 
 def quick_config(**overrides):
@@ -261,11 +274,12 @@ def run_benchmark(config=None, implementations=None, progress=True, argv=None, c
                          f"{len(impls)} implementations, shapes {shapes}, modes {list(config.modes)}")
             sample_matmul_rate("start")
             state = canonical_weights(config.d_in, config.d_model, config.seed)
+            peaks = {}  # (name, compiled, mode) -> (batch, seq_len, peak bytes) of the last measured shape
             for batch, seq_len in shapes:
                 inputs = _shape_inputs(config, state, batch, seq_len, device, dtype)
                 for (name, cls), compiled in itertools.product(impls.items(), variants):
                     result["rows"] += _run_implementation(config, name, cls, compiled, state, *inputs, reporter,
-                                                          yardstick)
+                                                          yardstick, peaks)
                     if checkpoint:
                         write_result(result, checkpoint)
                     gc.collect()
@@ -325,8 +339,21 @@ def _shape_inputs(config, state, batch, seq_len, device, dtype):
     return x, grad_output, checked_tokens, reference
 
 
+def predicted_peak(last, batch, seq_len):
+    """Peak bytes at `(batch, seq_len)` predicted from `last = (batch, seq_len, peak)`: linear in the batch,
+    quadratic in the length (the `(B, H, T, T)` scores), an upper bound for the O(T) kernels."""
+    if last is None:
+        return None
+    last_batch, last_len, peak = last
+    return int(peak * (batch / last_batch) * (seq_len / last_len) ** 2)
+
+
+def _size(nbytes):
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
 def _run_implementation(config, name, cls, compiled, state, x, grad_output, checked_tokens, reference, reporter,
-                        yardstick):
+                        yardstick, peaks=None):
     batch, seq_len = x.shape[:2]
     rows = [new_row(implementation=name, compiled=compiled, label=f"{name} (compiled)" if compiled else name,
                     mode=mode, batch=batch, seq_len=seq_len, d_in=config.d_in, d_out=config.d_model,
@@ -351,9 +378,22 @@ def _run_implementation(config, name, cls, compiled, state, x, grad_output, chec
     if compiled:
         module = torch.compile(module, backend=config.compile_backend, dynamic=False)
 
+    peaks = {} if peaks is None else peaks
     for row in rows:
+        key = (name, compiled, row["mode"])
+        predicted = predicted_peak(peaks.get(key), batch, seq_len)
+        if config.memory_budget_bytes and predicted and predicted > config.memory_budget_bytes:
+            last_batch, last_len, last_peak = peaks[key]
+            row.update(status="skipped", reason=(
+                f"predicted peak memory {_size(predicted)} (B={last_batch}, T={last_len} took {_size(last_peak)}, "
+                f"times the batch ratio and the squared length ratio) exceeds the memory budget "
+                f"{_size(config.memory_budget_bytes)}"))
+            reporter.row(row)
+            continue
         try:
             _measure(config, module, row, x, grad_output, reference, yardstick)
+            if row["peak_memory_bytes"]:
+                peaks[key] = (batch, seq_len, row["peak_memory_bytes"])
         except Exception as error:  # noqa: BLE001 - record the failure, keep the run going
             oom = isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
             row.update(status="failed", reason="out of memory" if oom else _error_text(error))

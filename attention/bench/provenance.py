@@ -81,6 +81,14 @@ def cpu_name():
             or platform.processor() or platform.machine() or "unknown CPU")
 
 
+def available_memory_bytes():
+    """Memory available to new processes in bytes (Linux /proc/meminfo `MemAvailable`), else None."""
+    try:
+        return int(_proc_field("/proc/meminfo", "MemAvailable").split()[0]) * 1024
+    except Exception:  # noqa: BLE001 - not Linux, or an unreadable /proc: no budget rather than no run
+        return None
+
+
 def total_memory_bytes():
     """Physical memory of the machine in bytes (Linux /proc/meminfo), else None."""
     try:

@@ -134,6 +134,8 @@ def validate_result(result):
                             f"matmul_tflops_paired = {(row['tflops'] or 0) / paired:.4g}")
         if row["correct"] not in (True, False, None):
             problems.append(f"{where}: correct must be true, false or null, got {row['correct']!r}")
+    if "block_sparse" in result:
+        problems += validate_block_sparse(result["block_sparse"] or {})
     for ranking in result["rankings"]:
         shape = (ranking.get("mode"), ranking.get("batch"), ranking.get("seq_len"))
         rows = [r for r in result["rows"] if (r.get("mode"), r.get("batch"), r.get("seq_len")) == shape
@@ -733,3 +735,203 @@ def dtype_verdict(fp32, bf16, mode="forward", margin=0.05):
     parts = [f"{what}: {', '.join(labels)}" for what, labels in groups.items() if labels]
     return (f"{MODE_TITLES[mode].capitalize()}, bfloat16 against float32 (more than {margin:.0%} apart counts): "
             + "; ".join(parts) + ".")
+
+
+# --- The long profile (`--profile long`, attention/bench/long.py): memory slopes and block sparsity ---------
+
+SPARSE_ROW_FIELDS = ("pattern", "kernel", "seq_len", "batch", "num_heads", "head_dim", "status", "reason",
+                     "mask_density", "block_share", "mask_bytes", "flops_useful", "flops_dense", "correct",
+                     "max_abs_error", "ms_median", "tflops_useful", "matmul_tflops_paired", "share_of_paired_matmul",
+                     "peak_memory_bytes")
+SPARSE_KERNEL_TITLES = {"flex_block_mask": "FlexAttention + BlockMask", "sdpa_dense_mask": "SDPA + dense mask"}
+
+
+def validate_block_sparse(section):
+    """Problems of a long run's `block_sparse` section, as sentences (`[]` if consistent)."""
+    problems = []
+    for number_, row in enumerate(section.get("rows") or []):
+        where = f"block_sparse row {number_} ({row.get('pattern')}, {row.get('kernel')}, T={row.get('seq_len')})"
+        absent = [key for key in SPARSE_ROW_FIELDS if key not in row]
+        if absent:
+            problems.append(f"{where}: missing field(s) {', '.join(absent)}")
+            continue
+        if row["kernel"] not in SPARSE_KERNEL_TITLES:
+            problems.append(f"{where}: unknown kernel {row['kernel']!r}")
+        if row["status"] != "ok":
+            continue
+        times = [row.get(key) for key in ("ms_min", "ms_q1", "ms_median", "ms_q3", "ms_max")]
+        if any(not isinstance(t, (int, float)) or t <= 0 for t in times) or times != sorted(times):
+            problems.append(f"{where}: times are not positive and ordered min <= q1 <= median <= q3 <= max: {times}")
+            continue
+        expected = row["flops_useful"] / (row["ms_median"] / 1e3) / 1e12
+        if not math.isclose(row["tflops_useful"] or 0, expected, rel_tol=1e-3):
+            problems.append(f"{where}: tflops_useful {row['tflops_useful']} is not flops_useful / ms_median = "
+                            f"{expected:.4g}")
+        paired = row["matmul_tflops_paired"]
+        if paired and not math.isclose(row["share_of_paired_matmul"] or 0, expected / paired, rel_tol=1e-3):
+            problems.append(f"{where}: share_of_paired_matmul {row['share_of_paired_matmul']} is not tflops_useful / "
+                            f"matmul_tflops_paired = {expected / paired:.4g}")
+        if not 0 < row["mask_density"] <= row["block_share"] <= 1:
+            problems.append(f"{where}: expected 0 < mask_density <= block_share <= 1, got {row['mask_density']} "
+                            f"and {row['block_share']}")
+        if row["correct"] not in (True, False):
+            problems.append(f"{where}: correct must be true or false, got {row['correct']!r}")
+    return problems
+
+
+def block_sparse_rows(result, pattern=None):
+    """The long run's block-sparse rows (of one `pattern`, or all); `[]` for runs without them."""
+    rows = (result.get("block_sparse") or {}).get("rows") or []
+    return [row for row in rows if pattern is None or row["pattern"] == pattern]
+
+
+def _sparse_pairs(result, pattern):
+    """`{seq_len: {kernel: row}}` of one pattern, lengths ascending."""
+    pairs = {}
+    for row in block_sparse_rows(result, pattern):
+        pairs.setdefault(row["seq_len"], {})[row["kernel"]] = row
+    return dict(sorted(pairs.items()))
+
+
+def _usable(row):
+    return row is not None and row["status"] == "ok" and row["correct"] is True
+
+
+def crossovers(result):
+    """Per pattern, where the block-sparse kernel overtakes the dense mask, read from the measurements.
+
+    Returns `{pattern: {"crossover", "longest", "speedup", "block_share", "mask_density", "flex_ms",
+    "dense_ms"}}`: `crossover` is the shortest measured length from which FlexAttention with the
+    BlockMask is faster than SDPA with the dense mask at that length and every longer one measured
+    (None if it is not faster at the longest); `speedup` is the dense time over the Flex time at the
+    longest length where both ran correctly.
+    """
+    found = {}
+    for pattern in (result.get("block_sparse") or {}).get("patterns", {}):
+        both = [(t, pair["flex_block_mask"], pair["sdpa_dense_mask"])
+                for t, pair in _sparse_pairs(result, pattern).items()
+                if _usable(pair.get("flex_block_mask")) and _usable(pair.get("sdpa_dense_mask"))]
+        if not both:
+            continue
+        crossover = None
+        for t, flex, dense in reversed(both):
+            if flex["ms_median"] >= dense["ms_median"]:
+                break
+            crossover = t
+        longest, flex, dense = both[-1]
+        found[pattern] = dict(crossover=crossover, longest=longest, speedup=dense["ms_median"] / flex["ms_median"],
+                              block_share=flex["block_share"], mask_density=flex["mask_density"],
+                              flex_ms=flex["ms_median"], dense_ms=dense["ms_median"])
+    return found
+
+
+def crossover_table(result):
+    """Markdown: per pattern, the crossover length and the speed-up and block share at the longest length."""
+    lines = ["| pattern | Flex faster from | at T | blocks computed | pairs attended | Flex ms | dense SDPA ms "
+             "| speed-up |", "|---|--:|--:|--:|--:|--:|--:|--:|"]
+    for pattern, found in crossovers(result).items():
+        crossover = f"T={found['crossover']}" if found["crossover"] else "not within the lengths measured"
+        lines.append(f"| {pattern} | {crossover} | {found['longest']} | {_percent(found['block_share'])} "
+                     f"| {_percent(found['mask_density'])} | {number(found['flex_ms'])} | {number(found['dense_ms'])} "
+                     f"| {found['speedup']:.2f}x |")
+    return "\n".join(lines)
+
+
+def _memory_cell(row):
+    return f"{_mebibytes(row['peak_memory_bytes'])} ({_mebibytes(row['mask_bytes'])})"
+
+
+def block_sparse_table(result, pattern=None):
+    """Markdown: per pattern and length, both kernels' median time, speed-up, blocks computed and memory."""
+    parts = []
+    patterns = (result.get("block_sparse") or {}).get("patterns", {})
+    for name in [pattern] if pattern else list(patterns):
+        lines = [f"**{name}**: {patterns[name]}\n",
+                 "| T | pairs attended | blocks computed | Flex ms | dense SDPA ms | speed-up | Flex MiB "
+                 "(BlockMask) | dense MiB (mask) |", "|--:|--:|--:|--:|--:|--:|--:|--:|"]
+        for t, pair in _sparse_pairs(result, name).items():
+            flex, dense = pair.get("flex_block_mask"), pair.get("sdpa_dense_mask")
+
+            def cell(row, value):
+                if row is None:
+                    return ""
+                if row["status"] != "ok":
+                    return "OOM" if row["reason"] == "out of memory" else row["status"]
+                return "incorrect" if row["correct"] is not True else value(row)
+
+            speedup = (f"{dense['ms_median'] / flex['ms_median']:.2f}x" if _usable(flex) and _usable(dense) else "—")
+            first = flex or dense
+            lines.append(
+                f"| {t} | {_percent(first['mask_density'])} | {_percent(flex['block_share']) if flex else '—'} "
+                f"| {cell(flex, lambda r: number(r['ms_median']))} | {cell(dense, lambda r: number(r['ms_median']))} "
+                f"| {speedup} | {cell(flex, _memory_cell)} | {cell(dense, _memory_cell)} |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def memory_slopes(result, mode, shortest=2048):
+    """Fitted growth of peak memory with T: `{label: {"slope", "lengths"}}` per implementation.
+
+    The slope is the least-squares fit of log(peak bytes) against log(T) over the measured lengths
+    `>= shortest` (at least two): 2 for memory that grows as T², 1 for T. Below `shortest` the weights'
+    gradients and other fixed costs hide the growth.
+    """
+    slopes = {}
+    for label, points in _sweep_series(result, mode, "peak_memory_bytes").items():
+        points = [(t, v) for t, v in points if t >= shortest and v > 0]
+        if len(points) < 2:
+            continue
+        xs, ys = [math.log(t) for t, _ in points], [math.log(v) for _, v in points]
+        mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
+        slopes[label] = {"slope": slope, "lengths": [t for t, _ in points]}
+    return slopes
+
+
+def memory_slope_table(result, shortest=2048):
+    """Markdown: the fitted memory slope per implementation and mode, with the lengths fitted and the peak at
+    the longest of them."""
+    lines = ["| implementation | mode | fitted slope (peak ∝ T^slope) | lengths fitted | peak at the longest (MiB) |",
+             "|---|---|--:|---|--:|"]
+    for mode in result["config"]["modes"]:
+        peaks = {(r["label"], r["seq_len"]): r["peak_memory_bytes"] for r in sweep_rows(result, mode)}
+        for label, fit in memory_slopes(result, mode, shortest).items():
+            lengths = fit["lengths"]
+            lines.append(f"| `{label}` | {MODE_TITLES.get(mode, mode)} | {fit['slope']:.2f} | "
+                         f"{lengths[0]}..{lengths[-1]} | {_mebibytes(peaks[(label, lengths[-1])])} |")
+    return "\n".join(lines)
+
+
+def plot_block_sparse(result):
+    """A `Figure`: per pattern, both kernels' median time against T (log-log), the crossover marked."""
+    from matplotlib.figure import Figure
+
+    patterns = list((result.get("block_sparse") or {}).get("patterns", {}))
+    columns = 2
+    rows_ = max(1, math.ceil(len(patterns) / columns))
+    fig = Figure(figsize=(9, 3.4 * rows_))
+    axes = fig.subplots(rows_, columns, squeeze=False).ravel()
+    found = crossovers(result)
+    for ax, pattern in zip(axes, patterns):
+        pairs = _sparse_pairs(result, pattern)
+        for kernel, marker in (("flex_block_mask", "o"), ("sdpa_dense_mask", "s")):
+            points = [(t, pair[kernel]["ms_median"]) for t, pair in pairs.items() if _usable(pair.get(kernel))]
+            if points:
+                ax.plot(*zip(*points), marker=marker, markersize=4, label=SPARSE_KERNEL_TITLES[kernel])
+        crossover = found.get(pattern, {}).get("crossover")
+        if crossover:
+            ax.axvline(crossover, color="k", linestyle=":", linewidth=1, label=f"Flex faster from T={crossover}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(pattern, fontsize=10)
+        ax.set_xlabel("sequence length T")
+        ax.set_ylabel("ms per call (median)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in axes[len(patterns):]:
+        ax.set_visible(False)
+    section = result.get("block_sparse") or {}
+    fig.suptitle(f"Block-sparse FlexAttention against a dense SDPA mask, forward, B={section.get('batch')}, "
+                 f"{section.get('num_heads')} heads of {section.get('head_dim')}: {_title_suffix(result)}", fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -99,36 +99,45 @@ def sparse_transformer_fixed(block_size, num_summary=1):
     return mask_mod
 
 
-def bigbird(radius, num_global, num_random, max_len, seed=0, device=None):
-    """BigBird's pattern at token level: local window + global tokens + random keys (bidirectional).
+def bigbird(radius, num_global, num_random, max_len, seed=0, device=None, block_size=1):
+    """BigBird's pattern: local window + global tokens + random keys (bidirectional).
 
     Query i attends to key j when `|i - j| <= radius` (window), when i or j is one of the first
-    `num_global` positions (global tokens see and are seen by every position), or when j is one of
-    the `num_random` keys drawn for query i (Zaheer et al., 2020, https://arxiv.org/abs/2007.14062;
-    the paper draws blocks, here single tokens). The random keys come from `torch.Generator` seeded
-    with `seed`, drawn without replacement from `range(max_len)` for each of `max_len` queries and
-    stored as a `(max_len, max_len)` lookup table, so the pattern is the same on every call and
-    device. Sequences must be at most `max_len` long; a random key drawn at or past a shorter
-    `kv_len` is simply absent. Combine with `causal` through `and_masks` for a decoder.
+    `num_global` positions (global tokens see and are seen by every position), or when j lies in one
+    of the `num_random` random key blocks drawn for i's query block (Zaheer et al., 2020,
+    https://arxiv.org/abs/2007.14062). With `block_size=1` (the default) blocks are single tokens:
+    `num_random` random keys per query. The paper draws blocks (of 64 tokens), and so must a
+    block-sparse kernel: single random keys scatter over nearly every `(128 x 128)` tile of a long
+    sequence, leaving no tile to skip. The random blocks come from `torch.Generator` seeded with
+    `seed`, drawn without replacement for each query block of `range(max_len)` and stored as a lookup
+    table (`random_keys`, one row and column per block), so the pattern is the same on every call and
+    device. Sequences must be at most `max_len` long; a random key drawn at or past a shorter `kv_len`
+    is simply absent. Combine with `causal` through `and_masks` for a decoder.
     """
     check_int("radius", radius, minimum=0)
     check_int("num_global", num_global, minimum=0)
     check_int("num_random", num_random, minimum=0)
     check_int("max_len", max_len)
-    if num_random > max_len:
-        raise ValueError(f"num_random must be at most max_len={max_len}, got num_random={num_random}")
+    check_int("block_size", block_size)
+    num_blocks = -(-max_len // block_size)  # ceil: the last block may be short
+    if num_random > num_blocks:
+        limit = f"max_len={max_len}" if block_size == 1 else f"the {num_blocks} blocks of max_len={max_len}"
+        raise ValueError(f"num_random must be at most {limit}, got num_random={num_random}")
     generator = torch.Generator().manual_seed(seed)
-    order = torch.rand(max_len, max_len, generator=generator).argsort(dim=-1)  # (max_len, max_len): a random permutation per query
-    random_keys = torch.zeros(max_len, max_len, dtype=torch.bool)
-    random_keys.scatter_(1, order[:, :num_random], True)  # (max_len, max_len): num_random True per row
+    order = torch.rand(num_blocks, num_blocks, generator=generator).argsort(dim=-1)  # (blocks, blocks): a random permutation per query block
+    random_keys = torch.zeros(num_blocks, num_blocks, dtype=torch.bool)
+    random_keys.scatter_(1, order[:, :num_random], True)  # (blocks, blocks): num_random True per row
     random_keys = random_keys.to(device)
 
     def mask_mod(b, h, q_idx, kv_idx):
         window = (q_idx - kv_idx).abs() <= radius
         global_tokens = (q_idx < num_global) | (kv_idx < num_global)
-        return window | global_tokens | random_keys[q_idx, kv_idx]
+        if block_size == 1:
+            return window | global_tokens | random_keys[q_idx, kv_idx]
+        return window | global_tokens | random_keys[q_idx // block_size, kv_idx // block_size]
 
-    mask_mod.__name__ = f"bigbird_{radius}_{num_global}_{num_random}_seed{seed}"
+    mask_mod.__name__ = f"bigbird_{radius}_{num_global}_{num_random}_seed{seed}" + (
+        f"_block{block_size}" if block_size != 1 else "")
     mask_mod.random_keys = random_keys
     return mask_mod
 

@@ -107,6 +107,8 @@ def on_pre_build(config):
     # headline charts and the short answer read the first run of each device.
     state["recorded"] = sorted(recorded, key=lambda item: (item[1]["config"].get("profile") != "default",
                                                            item[1]["dtype"] != "float32"))
+    # Long-profile runs (`--profile long`) live in docs/results/long/ and have their own section.
+    state["long"] = [(path, checked[path]["result"]) for path in render.find_results(results_dir / "long")]
     out = root / ".cache" / "bench" / f"cpu-quick-{source_hash()[:16]}.json"
     if state["command"] != "serve":
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -147,10 +149,59 @@ def chart_set(slug, result):
     return chart_files
 
 
+def long_chart_set(slug, result):
+    """The charts of one long-profile run, as `chart_set` returns them."""
+    from attention.bench import render
+    from attention.plotting import figure_png
+
+    device = result["provenance"]["device"]["name"]
+    charts = {f"memory-{mode}": (render.plot_memory_vs_seq_len(result, mode),
+                                 f"{render.MODE_TITLES[mode]} peak memory against sequence length, {device}")
+              for mode in result["config"]["modes"]}
+    if render.block_sparse_rows(result):
+        charts["block-sparse"] = (render.plot_block_sparse(result),
+                                  f"FlexAttention with a BlockMask against SDPA with a dense mask, time against "
+                                  f"sequence length per mask pattern, {device}")
+    chart_files = {}
+    for kind, (fig, alt) in charts.items():
+        png, width, _height = figure_png(fig)
+        chart_files[kind] = (f"{ASSETS}/{slug}-{kind}.png", alt, png, width)
+    return chart_files
+
+
+def long_section():
+    """The Benchmarks page's long-context section: every recorded long-profile run."""
+    from attention.bench import render
+
+    if not state["long"]:
+        return ("No long-profile run is recorded yet: `python -m attention.bench --profile long --out "
+                "docs/results/long/<device>-long-float32.json` records one.")
+    parts = []
+    for path, result in state["long"]:
+        charts = state["charts"][f"long-{path.stem}"]
+        provenance = ('??? info "What this run was measured on"\n\n'
+                      + textwrap.indent(render.provenance_summary(result), "    "))
+        section = result["block_sparse"] or {}
+        parts += [f"**`docs/results/long/{path.name}`**: {run_line(result)}",
+                  "Peak memory of one call against T, with the growth fitted over T ≥ 2048 (below it the weights' "
+                  "gradients and other fixed costs hide the growth):", render.memory_slope_table(result),
+                  images({k: v for k, v in charts.items() if k.startswith("memory-")}, ""),
+                  render.markdown_tables(result, include_sweep=True),
+                  f"Block sparsity, forward, batch {section.get('batch')}, {section.get('num_heads')} heads of "
+                  f"{section.get('head_dim')}: where FlexAttention with a `BlockMask` overtakes SDPA with the same "
+                  f"mask as a dense boolean tensor, read from the measurements.", render.crossover_table(result),
+                  images({k: v for k, v in charts.items() if k == "block-sparse"}, ""),
+                  '??? note "Every length, both kernels"\n\n' + textwrap.indent(render.block_sparse_table(result), "    "),
+                  provenance]
+    return "\n\n".join(part.strip() for part in parts if part.strip())
+
+
 def on_files(files, config):
     state["charts"] = {"build": chart_set("cpu-build", state["build_result"])} if state["build_result"] else {}
     for path, result in state["recorded"]:
         state["charts"][path.stem] = chart_set(path.stem, result)
+    for path, result in state["long"]:
+        state["charts"][f"long-{path.stem}"] = long_chart_set(f"long-{path.stem}", result)
     for charts in state["charts"].values():
         for uri, _alt, png, _width in charts.values():
             files.append(File.generated(config, uri, content=png))
@@ -358,7 +409,7 @@ def on_page_markdown(markdown, page, config, files):
         return markdown.replace("<!-- row-fields -->", render.row_fields_table())
     if page.file.src_uri == "benchmarks.md":
         return (markdown.replace("<!-- benchmark-tabs -->", benchmark_tabs()).replace("<!-- fastest -->", fastest_section())
-                .replace("<!-- dtype-comparison -->", dtype_section()))
+                .replace("<!-- dtype-comparison -->", dtype_section()).replace("<!-- long-context -->", long_section()))
     if page.file.src_uri == "index.md":
         return (markdown.replace("<!-- headline-charts -->", headline_charts())
                 .replace("<!-- short-answer -->", short_answer()))
