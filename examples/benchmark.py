@@ -117,13 +117,19 @@ for path in render.find_results():
 # from a row (the run-level rate: the median of matmul samples taken at the start and after each
 # shape) moves every share with it. The paired yardstick is timed in the same minute as the row.
 # The default profile was recorded twice with the same sources on the same machine, with a
-# bfloat16 run in between; the table gives each class's share at the headline shape in both runs,
-# against either yardstick, and the gap in percentage points.
+# bfloat16 run in between (both files are kept in `docs/results/repeats/`); the table gives each
+# class's share at the headline shape in both runs, against either yardstick, and the gap in
+# percentage points.
 
 # %% tags=["hide-input"]
-first_path = render.RESULTS_DIR / "cpu-intel-xeon-2c-float32.json"
+first_path = render.RESULTS_DIR / "repeats" / "cpu-intel-xeon-2c-float32-run1.json"
 second_path = render.RESULTS_DIR / "repeats" / "cpu-intel-xeon-2c-float32-repeat.json"
 first, second = render.load_result(first_path), render.load_result(second_path)
+same_sources = first["provenance"]["source_hash"] == second["provenance"]["source_hash"]
+print(f"Both runs measured the same sources: {same_sources} (commit {first['provenance']['git']['commit'][:7]}"
+      + (", older than the code of this page: the question is the machine's, not the code's)" if render.is_stale(first)
+         else ")"))
+assert same_sources, "the stability pair must come from the same sources"
 for name, run in (("run 1", first), ("run 2", second)):
     paired, samples = run["matmul_peak"]["paired"], run["matmul_peak"]["samples"]
     print(f"{name}: {run['provenance']['date_utc']}, {run['provenance']['duration_s'] / 60:.0f} min; matmul rate "

@@ -298,3 +298,56 @@ show_markdown(
 # weighs more, and a shared CPU adds noise (compare the IQRs). So a sliding window makes the work of
 # a block-sparse kernel linear in `T`, `O(T·k)` with `k` the window; a low density alone does not,
 # since the kernel pays for blocks, not for pairs.
+
+# %% [markdown]
+# ## Where block sparsity pays, measured to 16k
+#
+# Skipping blocks is one side; a block-sparse kernel also has costs a dense one does not (a
+# `BlockMask` to build, the predicate evaluated inside every partial block, a less regular loop).
+# The long profile of the benchmark (`python -m attention.bench --profile long`) measures both
+# paths for four patterns from `T = 128` to 16,384, on the same queries, keys and values: compiled
+# FlexAttention with the pattern's `BlockMask`, and SDPA with the same mask as a dense boolean
+# `(T, T)` tensor. Every row is checked against a float64 reference on query rows spread over the
+# sequence before it is timed. The tables and figure are read from the recorded run.
+
+# %% tags=["hide-input"]
+from attention.bench import render
+
+long_path = render.find_results(render.RESULTS_DIR / "long", device_type="cpu")[0]
+long_run = render.load_result(long_path)
+section = long_run["block_sparse"]
+show_markdown(f"Recorded run `docs/results/long/{long_path.name}`: {long_run['provenance']['device']['name']}, "
+              f"{long_run['dtype']}, recorded {long_run['provenance']['date_utc'][:10]}"
+              + (" with older sources than these (the page still shows it)" if render.is_stale(long_run) else "")
+              + f"; forward, batch {section['batch']}, {section['num_heads']} heads of {section['head_dim']}, "
+              f"`T` = {', '.join(str(t) for t in section['seq_lens'])}. The patterns:\n\n"
+              + "\n".join(f"- `{name}`: {description}" for name, description in section["patterns"].items()))
+show_markdown(render.crossover_table(long_run))
+show(render.plot_block_sparse(long_run),
+     alt="Four panels, one per mask pattern: median time against sequence length for FlexAttention with a "
+         "BlockMask and SDPA with a dense mask, log-log, with the crossover marked")
+
+# %% tags=["hide-input"]
+found = render.crossovers(long_run)
+sentences = []
+for pattern, entry in found.items():
+    where = (f"overtakes the dense mask from `T = {entry['crossover']}`" if entry["crossover"]
+             else "does not overtake the dense mask at any length measured")
+    sentences.append(f"`{pattern}`: FlexAttention {where}; at `T = {entry['longest']}` it computes "
+                     f"{entry['block_share']:.0%} of the blocks for {entry['mask_density']:.0%} of the pairs, and is "
+                     f"{entry['speedup']:.2f} times as fast.")
+show_markdown("\n".join(f"- {sentence}" for sentence in sentences))
+per_block = {pattern: (entry["flex_ms"] / entry["block_share"]) / entry["dense_ms"] for pattern, entry in found.items()}
+show_markdown(
+    f"Had a computed block cost the same in both kernels, the speed-up would be one over the share of blocks "
+    f"computed. It is less: at the longest length, FlexAttention spends "
+    + ", ".join(f"{ratio:.1f} (`{pattern}`)" for pattern, ratio in per_block.items())
+    + " times as long per computed block as the dense kernel spends per block, so on this CPU skipping blocks pays "
+      "only once most of them can be skipped. Partial blocks, where the predicate is evaluated for every pair, "
+      "cost more than full ones: BigBird's window and global tokens make many.")
+
+# %% [markdown]
+# Block sparsity pays in proportion to the blocks it skips, not the pairs it masks, minus what
+# each computed block costs over the dense kernel's. The per-length numbers, with each path's peak
+# memory (and the mask's own bytes: `T²` for the dense mask, a few index tensors for the
+# `BlockMask`), are on [Benchmarks](../../benchmarks/#long-context).

@@ -152,3 +152,70 @@ tiled = TiledAttention(768, 768, 1024, 0.0, 12)
 tiled.load_canonical_state_dict(split.canonical_state_dict())
 for name, module in (("split_heads", split), ("tiled", tiled)):
     print(f"{name:12} saves {saved_bytes(module, x) / 2**20:7.1f} MiB for the backward pass")
+
+# %% [markdown]
+# `split_heads` keeps the `(B, H, T, T)` weights (and more) for its backward pass; `tiled` keeps
+# `Q`, `K`, `V`, `O` and one log-sum-exp per query and head.
+#
+# ## Measured: peak memory and time against T
+#
+# The long profile of the benchmark (`python -m attention.bench --profile long`) runs the naive
+# class `split_heads`, `tiled` and `sdpa_causal` (PyTorch's fused kernel) at batch 1 and GPT-2
+# small's widths for `T` from 128 to 16,384, forward and forward + backward. Each row is checked
+# against the float64 reference before it is timed, and each call's peak tensor memory is measured
+# (on CPU: the running sum of the allocator's allocations and frees during one profiled call). The
+# tables and figures below are read from the recorded run.
+
+# %% tags=["hide-input"]
+from attention.bench import render
+
+long_path = render.find_results(render.RESULTS_DIR / "long", device_type="cpu")[0]
+long_run = render.load_result(long_path)
+show_markdown(f"Recorded run `docs/results/long/{long_path.name}`: {long_run['provenance']['device']['name']}, "
+              f"{long_run['dtype']}, recorded {long_run['provenance']['date_utc'][:10]}"
+              + (" with older sources than these (the page still shows it)" if render.is_stale(long_run) else "")
+              + f"; {render.profile_summary(long_run['config'])}.")
+show_markdown(render.memory_slope_table(long_run))
+
+# %% tags=["hide-input"]
+show(render.plot_memory_vs_seq_len(long_run, "forward"),
+     alt="Forward peak memory against sequence length, log-log: split_heads grows like T squared, tiled and "
+         "sdpa_causal like T")
+show(render.plot_memory_vs_seq_len(long_run, "forward_backward"),
+     alt="Forward + backward peak memory against sequence length, log-log")
+
+# %% tags=["hide-input"]
+slopes = {mode: render.memory_slopes(long_run, mode) for mode in ("forward", "forward_backward")}
+rows = {(r["label"], r["mode"], r["seq_len"]): r for r in render.sweep_rows(long_run, "forward")
+        + render.sweep_rows(long_run, "forward_backward")}
+longest = max(long_run["config"]["seq_lens"])
+naive_longest = max(t for (label, mode, t), r in rows.items()
+                    if label == "split_heads" and mode == "forward_backward" and r["status"] == "ok")
+skipped = rows.get(("split_heads", "forward_backward", longest))
+show_markdown(
+    f"Fitted over `T` ≥ 2048, in forward + backward: `split_heads`' peak grows as "
+    f"`T^{slopes['forward_backward']['split_heads']['slope']:.2f}`, `tiled`'s as "
+    f"`T^{slopes['forward_backward']['tiled']['slope']:.2f}` and `sdpa_causal`'s as "
+    f"`T^{slopes['forward_backward']['sdpa_causal']['slope']:.2f}`. At `T = {naive_longest}`, one training step "
+    f"of `split_heads` needs {render.number(rows['split_heads', 'forward_backward', naive_longest]['peak_memory_bytes'] / 2**20)} "
+    f"MiB, `tiled` {render.number(rows['tiled', 'forward_backward', naive_longest]['peak_memory_bytes'] / 2**20)} MiB "
+    f"and `sdpa_causal` {render.number(rows['sdpa_causal', 'forward_backward', naive_longest]['peak_memory_bytes'] / 2**20)} MiB."
+    + (f" At `T = {longest}` the run skipped `split_heads`: {skipped['reason']}." if skipped and skipped["status"] == "skipped" else ""))
+
+# %% [markdown]
+# Time is the other side of the trade. `tiled` runs one small matmul per tile from Python, and
+# recomputes the scores in its backward pass; the fused kernel does the same work in C++:
+
+# %% tags=["hide-input"]
+show_markdown("Forward + backward, median ms per call:\n\n" + render.sweep_table(long_run, "forward_backward", "ms_median"))
+at = {label: rows.get((label, "forward_backward", longest)) for label in ("tiled", "sdpa_causal")}
+if all(r and r["status"] == "ok" for r in at.values()):
+    show_markdown(f"At `T = {longest}`, forward + backward, `tiled` takes {render.number(at['tiled']['ms_median'])} ms "
+                  f"and `sdpa_causal` {render.number(at['sdpa_causal']['ms_median'])} ms: "
+                  f"{at['tiled']['ms_median'] / at['sdpa_causal']['ms_median']:.1f} times as long, for the same "
+                  f"O(T) memory. The algorithm is the same; the difference is the kernel.")
+
+# %% [markdown]
+# The whole run, with every length, both modes and the block-sparse measurements, is on
+# [Benchmarks](../../benchmarks/#long-context); where skipping blocks pays for other masks is on
+# [Masks](../masks/#where-block-sparsity-pays-measured-to-16k).

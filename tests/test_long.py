@@ -142,3 +142,32 @@ def test_every_pattern_builds_at_every_length_of_the_profile():
     for name, (description, build) in SPARSE_PATTERNS.items():
         for t in (128, 300):
             assert dense_mask(build(t, "cpu"), t, t).any(-1).all(), (name, t)  # every query attends somewhere
+
+
+def test_benchmarks_page_shows_long_runs_in_their_own_section(long_result, tmp_path, monkeypatch):
+    pytest.importorskip("mkdocs")
+    import json
+    from pathlib import Path
+
+    from mkdocs.config import load_config
+
+    root = Path(__file__).resolve().parents[1]
+    config = load_config(str(root / "mkdocs.yml"))
+    hook = config.hooks["docs/_hooks/benchmarks.py"]
+    (tmp_path / "docs" / "results" / "long").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "long" / "cpu-long-test.json").write_text(json.dumps(long_result))
+    config.config_file_path = str(tmp_path / "mkdocs.yml")
+    monkeypatch.delenv(hook.ENV_VAR, raising=False)
+    monkeypatch.setitem(hook.state, "command", "serve")
+    hook.on_pre_build(config)
+    assert hook.state["recorded"] == [] and [path.name for path, _ in hook.state["long"]] == ["cpu-long-test.json"]
+    monkeypatch.setitem(hook.state, "charts", {"long-cpu-long-test": hook.long_chart_set("long-cpu-long-test",
+                                                                                          long_result)})
+    section = hook.long_section()
+    assert "**`docs/results/long/cpu-long-test.json`**" in section
+    assert "| pattern | Flex faster from |" in section and "| causal |" in section and "| document |" in section
+    assert "fitted slope" in section and section.count("![") == 3  # memory forward, forward + backward, block sparse
+    assert "| 256 | 50% | 75% |" in section  # causal at T=256: 50% of the pairs (rounded), 3 of 4 blocks
+    page = type("Page", (), {"file": type("File", (), {"src_uri": "benchmarks.md"})()})()
+    markdown = hook.on_page_markdown((root / "docs" / "benchmarks.md").read_text(), page, config, None)
+    assert "<!-- long-context -->" not in markdown and "**`docs/results/long/cpu-long-test.json`**" in markdown

@@ -406,7 +406,8 @@ def on_page_markdown(markdown, page, config, files):
     if page.file.src_uri == "benchmark-schema.md":
         from attention.bench import render
 
-        return markdown.replace("<!-- row-fields -->", render.row_fields_table())
+        return (markdown.replace("<!-- row-fields -->", render.row_fields_table())
+                .replace("<!-- block-sparse-fields -->", render.block_sparse_fields_table()))
     if page.file.src_uri == "benchmarks.md":
         return (markdown.replace("<!-- benchmark-tabs -->", benchmark_tabs()).replace("<!-- fastest -->", fastest_section())
                 .replace("<!-- dtype-comparison -->", dtype_section()).replace("<!-- long-context -->", long_section()))
