@@ -66,7 +66,11 @@ for start in range(0, 8, 2):
     running_max = new_max
     steps.append((f"keys {start}-{start + 1}", f"{running_max:.3f}", f"{rescale:.3f}", f"{running_sum:.4f}",
                   f"{acc:.4f}", f"{acc / running_sum:.4f}"))
+
+# %% tags=["hide-input"]
 show_table("Running statistics after each block", ["block", "m", "rescale exp(m_old - m)", "l", "acc", "acc / l"], steps)
+
+# %%
 exact = (torch.softmax(scores, dim=0) * values).sum().item()
 print(f"softmax over the whole row, then the weighted sum: {exact:.6f}; online: {acc / running_sum:.6f}; "
       f"difference {abs(exact - acc / running_sum):.1e}")
