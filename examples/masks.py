@@ -343,8 +343,31 @@ show_markdown(
     f"computed. It is less: at the longest length, FlexAttention spends "
     + ", ".join(f"{ratio:.1f} (`{pattern}`)" for pattern, ratio in per_block.items())
     + " times as long per computed block as the dense kernel spends per block, so on this CPU skipping blocks pays "
-      "only once most of them can be skipped. Partial blocks, where the predicate is evaluated for every pair, "
-      "cost more than full ones: BigBird's window and global tokens make many.")
+      "only once most of them can be skipped.")
+
+# %% [markdown]
+# A `BlockMask` keeps two kinds of computed blocks: full ones, where every pair attends and the
+# predicate is never called, and partial ones, where it is evaluated for every pair. Counted for
+# each pattern at `T = 4096` (no timing, the recorded patterns rebuilt from `attention.bench.long`):
+
+# %%
+from attention.bench.long import SPARSE_PATTERNS
+
+kinds = {}
+for pattern, (_, build) in SPARSE_PATTERNS.items():
+    block_mask = masks.block_mask(build(4096, "cpu"), 4096, 4096, device="cpu")
+    partial = block_mask.kv_num_blocks.sum().item()  # blocks where mask_mod runs per pair
+    full = block_mask.full_kv_num_blocks.sum().item() if block_mask.full_kv_num_blocks is not None else 0
+    kinds[pattern] = (partial, full)
+
+# %% tags=["hide-input"]
+show_table("Computed blocks at T = 4096, blocks of 128", ["pattern", "partial", "full", "partial share"],
+           [[pattern, partial, full, f"{partial / (partial + full):.0%}"] for pattern, (partial, full) in kinds.items()])
+most = max(kinds, key=lambda pattern: kinds[pattern][0] / sum(kinds[pattern]))
+show_markdown(f"`{most}` has the largest share of partial blocks, "
+              f"{kinds[most][0] / sum(kinds[most]):.0%}; its cost per computed block above is "
+              f"{per_block[most]:.1f} times the dense kernel's"
+              + (", the highest of the four." if per_block[most] == max(per_block.values()) else "."))
 
 # %% [markdown]
 # Block sparsity pays in proportion to the blocks it skips, not the pairs it masks, minus what
