@@ -171,3 +171,9 @@ def test_benchmarks_page_shows_long_runs_in_their_own_section(long_result, tmp_p
     page = type("Page", (), {"file": type("File", (), {"src_uri": "benchmarks.md"})()})()
     markdown = hook.on_page_markdown((root / "docs" / "benchmarks.md").read_text(), page, config, None)
     assert "<!-- long-context -->" not in markdown and "**`docs/results/long/cpu-long-test.json`**" in markdown
+
+
+def test_validator_refuses_a_run_that_did_not_finish(long_result):
+    partial = copy.deepcopy(long_result)
+    partial["complete"] = False
+    assert any("did not finish" in problem for problem in render.validate_result(partial))

@@ -85,6 +85,8 @@ def validate_result(result):
     missing = [key for key in TOP_LEVEL if key not in result]
     if missing:
         return [f"missing top-level field(s): {', '.join(missing)}"]
+    if result["complete"] is not True:
+        problems.append("complete is not true: the run did not finish (a checkpoint written while it ran)")
     if result["schema_version"] != SCHEMA_VERSION:
         problems.append(f"schema_version is {result['schema_version']!r}; this code reads {SCHEMA_VERSION}")
     provenance, config = result["provenance"], result["config"]
