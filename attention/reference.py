@@ -90,12 +90,40 @@ def reference_alibi_slopes(num_heads):
     return power_of_two_slopes(closest) + power_of_two_slopes(2 * closest)[0::2][: num_heads - closest]
 
 
+def expand_kv_heads(state, num_heads):
+    """`state` with grouped-query K/V weights repeated into one K/V head per query head.
+
+    Grouped-query attention shares K/V head `g` among the query heads `g * group .. (g + 1) * group - 1`
+    (`group = num_heads // num_kv_heads`, read off `key.weight`'s rows), which is multi-head attention
+    with K/V head `g`'s rows repeated `group` times. Differentiable: gradients of the repeated rows sum
+    back into the shared ones. A multi-head state comes back as it is.
+    """
+    d_out = state["query.weight"].shape[0]
+    head_dim = d_out // num_heads
+    num_kv_heads = state["key.weight"].shape[0] // head_dim
+    if num_kv_heads * head_dim != state["key.weight"].shape[0] or num_heads % num_kv_heads != 0:
+        raise ValueError(f"key.weight has {state['key.weight'].shape[0]} rows: not a divisor of num_heads={num_heads} "
+                         f"heads of head_dim={head_dim}")
+    if num_kv_heads == num_heads:
+        return state
+    group = num_heads // num_kv_heads
+    expanded = dict(state)
+    for name in ("key.weight", "value.weight", "key.bias", "value.bias"):
+        if name in state:
+            tensor = state[name]
+            heads = tensor.reshape(num_kv_heads, head_dim, *tensor.shape[1:])  # (H_kv, D, ...)
+            expanded[name] = heads.repeat_interleave(group, dim=0).reshape(d_out, *tensor.shape[1:])  # (H*D, ...)
+    return expanded
+
+
 def reference_causal_self_attention(x, state, num_heads, position_encoding=None):
     """Causal self-attention of `x` `(B, T, d_in)` in float64, with optional ALiBi or RoPE.
 
     `position_encoding` is None, `"alibi"` (causal bias `-m_h * (i - j)` for keys j <= query i) or
-    `"rope"` (rotary embeddings with base 10000 on queries and keys). Returns `(out, weights)`.
+    `"rope"` (rotary embeddings with base 10000 on queries and keys). Grouped-query weights (`key.weight`
+    with fewer rows than `query.weight`) are expanded by `expand_kv_heads`. Returns `(out, weights)`.
     """
+    state = expand_kv_heads(state, num_heads)
     T = x.shape[1]
     positions = torch.arange(T)
     causal_mask = positions[:, None] >= positions[None, :]  # (T, T), True = attend

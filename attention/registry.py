@@ -9,6 +9,8 @@ from attention.causal.alibi_flex import ALiBiFlexAttention
 from attention.causal.einsum import EinsumAttention
 from attention.causal.flex import FlexCausalAttention
 from attention.causal.fused_qkv import FusedQKVAttention
+from attention.causal.gqa import GroupedQueryAttention, MultiQueryAttention
+from attention.causal.gqa_flex import GroupedQueryFlexAttention
 from attention.causal.rope import RoPEAttention
 from attention.causal.sdpa_causal import SDPACausalAttention
 from attention.causal.sdpa_mask import SDPAMaskAttention
@@ -43,5 +45,8 @@ IMPLEMENTATIONS = Registry({
     "rope": RoPEAttention,
     "alibi_flex": ALiBiFlexAttention,
     "tiled": TiledAttention,
+    "gqa": GroupedQueryAttention,
+    "mqa": MultiQueryAttention,
+    "gqa_flex": GroupedQueryFlexAttention,
 })
 

@@ -70,7 +70,7 @@ def test_causal_future_tokens_do_not_change_the_past(name):
 
 @pytest.mark.parametrize("name", IMPLEMENTATION_NAMES)
 def test_dropout_is_stochastic_in_training_and_off_in_eval(name):
-    if name in ("flex", "alibi_flex", "tiled"):
+    if name in ("flex", "alibi_flex", "tiled", "gqa_flex"):
         with pytest.raises(ValueError, match="dropout"):
             build(name, 16, 16, 16, 4, dropout=0.5)
         return
@@ -96,6 +96,10 @@ def test_canonical_state_dict_round_trip(source, target):
     src = build(source, 16, 16, 16, 4, qkv_bias, seed=3)
     dst = build(target, 16, 16, 16, 4, qkv_bias, seed=4)
     state = src.canonical_state_dict()
+    if state["key.weight"].shape != dst.canonical_state_dict()["key.weight"].shape:  # K/V heads differ (GQA, MQA)
+        with pytest.raises(ValueError, match="key.weight must have shape"):
+            dst.load_canonical_state_dict(state)
+        return
     dst.load_canonical_state_dict(state)
     round_trip = dst.canonical_state_dict()
     assert round_trip.keys() == state.keys()
@@ -110,11 +114,13 @@ def test_canonical_state_dict_round_trip(source, target):
 @pytest.mark.parametrize("name", IMPLEMENTATION_NAMES)
 def test_canonical_state_dict_keys_and_shapes(name):
     for qkv_bias in (False, True):
-        state = build(name, 16, 16, 16, 4, qkv_bias).canonical_state_dict()
-        expected = {"query.weight": (16, 16), "key.weight": (16, 16), "value.weight": (16, 16),
+        module = build(name, 16, 16, 16, 4, qkv_bias)
+        kv = getattr(module, "num_kv_heads", 4) * 4  # grouped-query classes: num_kv_heads heads of head_dim 4
+        state = module.canonical_state_dict()
+        expected = {"query.weight": (16, 16), "key.weight": (kv, 16), "value.weight": (kv, 16),
                     "out.weight": (16, 16), "out.bias": (16,)}
         if qkv_bias:
-            expected.update({"query.bias": (16,), "key.bias": (16,), "value.bias": (16,)})
+            expected.update({"query.bias": (16,), "key.bias": (kv,), "value.bias": (kv,)})
         assert {k: tuple(v.shape) for k, v in state.items()} == expected
 
 
@@ -131,15 +137,23 @@ def test_load_canonical_state_dict_rejects_bad_state(name):
         module.load_canonical_state_dict({**state, "out.weight": torch.zeros(16, 8)})
 
 
-def permute_heads(state, permutation, head_dim):
-    """Reorder the heads: rows of the Q/K/V projections and the matching columns of the output projection."""
-    rows = torch.cat([torch.arange(h * head_dim, (h + 1) * head_dim) for h in permutation])
+def permute_heads(state, num_heads, num_kv_heads, head_dim):
+    """Reorder the heads consistently: the K/V heads rotate by one, each query group follows its K/V head
+    and is reversed within itself; the output projection's columns follow the query heads."""
+    group = num_heads // num_kv_heads
+    kv_order = [(g + 1) % num_kv_heads for g in range(num_kv_heads)]
+    query_order = [kv_order[g] * group + (group - 1 - i) for g in range(num_kv_heads) for i in range(group)]
+    assert query_order != list(range(num_heads)), "the permutation must move some head"
+
+    def rows(order):
+        return torch.cat([torch.arange(h * head_dim, (h + 1) * head_dim) for h in order])
+
     permuted = dict(state)
-    for proj in ("query", "key", "value"):
-        permuted[f"{proj}.weight"] = state[f"{proj}.weight"][rows]
+    for proj, order in (("query", query_order), ("key", kv_order), ("value", kv_order)):
+        permuted[f"{proj}.weight"] = state[f"{proj}.weight"][rows(order)]
         if f"{proj}.bias" in state:
-            permuted[f"{proj}.bias"] = state[f"{proj}.bias"][rows]
-    permuted["out.weight"] = state["out.weight"][:, rows]
+            permuted[f"{proj}.bias"] = state[f"{proj}.bias"][rows(order)]
+    permuted["out.weight"] = state["out.weight"][:, rows(query_order)]
     return permuted
 
 
@@ -149,9 +163,10 @@ def test_permuting_heads_consistently_keeps_the_output(name):
         pytest.skip("ALiBi ties a slope to each head index, so reordering heads changes the model")
     module = build(name, 16, 16, 16, 4, qkv_bias=True)
     x = torch.randn(2, 7, 16)
+    num_kv_heads = getattr(module, "num_kv_heads", 4)
     with torch.no_grad():
         before = module.eval()(x)
-        module.load_canonical_state_dict(permute_heads(module.canonical_state_dict(), [2, 0, 3, 1], head_dim=4))
+        module.load_canonical_state_dict(permute_heads(module.canonical_state_dict(), 4, num_kv_heads, head_dim=4))
         after = module(x)
     torch.testing.assert_close(after, before, **tolerance("cpu", torch.float32))
 

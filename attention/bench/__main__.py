@@ -4,6 +4,7 @@ Examples:
 
     python -m attention.bench --quick --out docs/results/cpu-quick.json
     python -m attention.bench --profile long --out docs/results/long/cpu-long-float32.json
+    python -m attention.bench --profile decode --out docs/results/decode/cpu-decode-float32.json
     python -m attention.bench --device cuda --dtype bfloat16 --mode both --compile --out results.json
     python -m attention.bench --impl sdpa_causal flex --batch 4 --seq-len 2048 --seq-lens none
     python -m attention.bench --validate docs/results/*.json
@@ -58,11 +59,14 @@ def build_parser():
     parser.add_argument("--quick", action="store_true",
                         help=f"the docs profile: batch {quick.sweep_batch}, T={','.join(map(str, quick.seq_lens))}, "
                              "short timing; explicit size options override it")
-    parser.add_argument("--profile", choices=("default", "quick", "long"), default="default",
+    parser.add_argument("--profile", choices=("default", "quick", "long", "decode"), default="default",
                         help="default: GPT-2 small plus the sweep; quick: the same as --quick; long: memory against "
                              "T = 128..16384 for split_heads, tiled and sdpa_causal, then FlexAttention BlockMasks "
                              "against dense SDPA masks (causal, sliding window, BigBird, documents) at the same "
-                             "lengths; explicit size options override a profile's")
+                             "lengths; decode: one new token per step over a KV cache of 1k..32k positions, batch 1 "
+                             "and 8, MHA, GQA (8:1) and MQA with 32 heads of 128, in tokens/s and share of the "
+                             "measured read bandwidth (--batch, --seq-lens and --heads set its batch, contexts "
+                             "and query heads); explicit size options override a profile's")
     parser.add_argument("--batch", type=positive_int, help="headline batch size (default 8)")
     parser.add_argument("--seq-len", type=positive_int, help="headline sequence length (default 1024)")
     parser.add_argument("--seq-lens", type=seq_lens_argument,
@@ -121,6 +125,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.validate:
         return validate(args.validate)
+    if args.profile == "decode":
+        return decode_main(parser, args, argv)
     try:
         config = config_from_args(args).resolve()
         select_implementations(IMPLEMENTATIONS, config.implementations)
@@ -140,6 +146,35 @@ def main(argv=None):
     if result.get("block_sparse"):
         print()
         print(block_sparse_table(result))
+    if args.out:
+        print(f"\nwrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def decode_main(parser, args, argv):
+    """`--profile decode`: run `attention.bench.decode`, print its tables, save JSON."""
+    from attention.bench.decode import DecodeConfig, run_decode
+    from attention.bench.render import decode_summary_table, decode_table, provenance_summary
+
+    overrides = {key: value for key, value in (("device", args.device), ("dtype", args.dtype), ("seed", args.seed),
+                                               ("num_heads", args.num_heads), ("min_run_time", args.min_run_time),
+                                               ("min_repeats", args.min_repeats)) if value is not None}
+    if args.batch is not None:
+        overrides["batches"] = (args.batch,)
+    if args.seq_lens:
+        overrides["contexts"] = args.seq_lens
+    try:
+        config = DecodeConfig(**overrides).resolve()
+    except ValueError as error:
+        parser.error(str(error))
+    result = run_decode(config, progress=not args.quiet, checkpoint=args.out,
+                        argv=None if argv is None else ["python", "-m", "attention.bench", *argv])
+    print(provenance_summary(result))
+    for batch in config.batches:
+        print(f"\nBatch {batch}: tokens per second (one layer) and share of the measured read bandwidth\n")
+        print(decode_table(result, batch))
+    print()
+    print(decode_summary_table(result))
     if args.out:
         print(f"\nwrote {args.out}", file=sys.stderr)
     return 0

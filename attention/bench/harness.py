@@ -184,6 +184,13 @@ def canonical_weights(d_in, d_out, seed):
             for name, shape in shapes.items()}
 
 
+def kv_heads_state(state, num_heads, num_kv_heads):
+    """`state` for a module with `num_kv_heads` K/V heads: the first `num_kv_heads` heads' rows of `key.*` and
+    `value.*` (all of them, so the very same tensors, for multi-head classes)."""
+    kv_rows = num_kv_heads * (state["query.weight"].shape[0] // num_heads)
+    return {name: tensor[:kv_rows] if name.startswith(("key.", "value.")) else tensor for name, tensor in state.items()}
+
+
 def select_implementations(implementations, names):
     """`{name: cls}` for `names` (all if None), in the given order; `ValueError` listing valid names."""
     if names is None:
@@ -314,7 +321,7 @@ def _config_record(config, impls):
 
 
 def _shape_inputs(config, state, batch, seq_len, device, dtype):
-    """The input, the output gradient, `checked_tokens` and `reference(position_encoding)`.
+    """The input, the output gradient, `checked_tokens` and `reference(position_encoding, num_kv_heads)`.
 
     The reference, the float64 output to check against, covers batch element 0 and the first
     `checked_tokens` positions, and sees exactly what the modules see: input and weights rounded to
@@ -328,10 +335,11 @@ def _shape_inputs(config, state, batch, seq_len, device, dtype):
     state_rounded = {key: value.to(dtype).to(torch.float64) for key, value in state.items()}
 
     @functools.cache
-    def reference(position_encoding):
+    def reference(position_encoding, num_kv_heads):
         from attention.reference import reference_causal_self_attention
+        state_heads = kv_heads_state(state_rounded, config.num_heads, num_kv_heads)
         try:
-            out, _ = reference_causal_self_attention(x_checked, state_rounded, config.num_heads, position_encoding)
+            out, _ = reference_causal_self_attention(x_checked, state_heads, config.num_heads, position_encoding)
             return out[0]  # (checked_tokens, d_out)
         except ValueError as error:
             return error
@@ -367,8 +375,12 @@ def _run_implementation(config, name, cls, compiled, state, x, grad_output, chec
     try:
         torch.manual_seed(config.seed)
         module = cls(config.d_in, config.d_model, seq_len, 0.0, config.num_heads, qkv_bias=False)
+        num_kv_heads = getattr(module, "num_kv_heads", config.num_heads)  # fewer for grouped-query classes
+        for row in rows:
+            row.update(num_kv_heads=num_kv_heads, **{f"flops_{key}": value for key, value in metrics.attention_flops(
+                batch, seq_len, config.d_in, config.d_model, config.num_heads, row["mode"], num_kv_heads).items()})
         step = "canonical weights"
-        module.load_canonical_state_dict(state)
+        module.load_canonical_state_dict(kv_heads_state(state, config.num_heads, num_kv_heads))
         module.to(device=x.device, dtype=x.dtype).eval()
     except Exception as error:  # noqa: BLE001 - any refusal is a skip reason worth recording
         for row in rows:
@@ -441,7 +453,7 @@ def _measure(config, module, row, x, grad_output, reference, yardstick):
         if row["compiled_graphs"] > 0:
             row["compile_s"] = row["first_call_s"]
 
-    expected = reference(row["position_encoding"])
+    expected = reference(row["position_encoding"], row["num_kv_heads"])
     if isinstance(expected, Exception):
         row["reason"] = f"not checked: {_error_text(expected)}"
     else:

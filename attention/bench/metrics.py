@@ -19,15 +19,17 @@ BACKWARD_FACTOR_ATTENTION = 2.5
 BACKWARD_FACTOR_PROJECTIONS = 2.0
 
 
-def attention_flops(batch, seq_len, d_in, d_out, num_heads, mode):
+def attention_flops(batch, seq_len, d_in, d_out, num_heads, mode, num_kv_heads=None):
     """`{"attention", "projections", "total"}`: useful FLOPs (ints) of one call of causal self-attention.
 
-    A multiply-add counts as 2. Projections: `2*B*T*d_in*d_out*3 + 2*B*T*d_out*d_out`; attention core:
+    A multiply-add counts as 2. Projections: `2*B*T*d_in*(d_out + 2*d_kv) + 2*B*T*d_out*d_out`, with
+    `d_kv = num_kv_heads * D` the key and value width (`d_out` unless grouped-query); attention core:
     `4*B*H*T^2*D` (Q K^T and P V, D = d_out / H), halved for the causal mask. Softmax, masking, bias
-    and reshapes are not counted, so the count is the same for every implementation whatever extra
-    work it does. `mode` is "forward" or "forward_backward" (forward plus backward).
+    and reshapes are not counted, so the count is the same for every implementation of one model
+    whatever extra work it does. `mode` is "forward" or "forward_backward" (forward plus backward).
     """
-    projections = 2 * batch * seq_len * d_in * d_out * 3 + 2 * batch * seq_len * d_out * d_out
+    d_kv = d_out if num_kv_heads is None else num_kv_heads * (d_out // num_heads)
+    projections = 2 * batch * seq_len * d_in * (d_out + 2 * d_kv) + 2 * batch * seq_len * d_out * d_out
     core = 4 * batch * num_heads * seq_len * seq_len * (d_out // num_heads) // 2
     if mode == "forward_backward":
         projections = projections * (1 + BACKWARD_FACTOR_PROJECTIONS)

@@ -99,7 +99,9 @@ def validate_result(result):
     if config.get("dtype") != result["dtype"]:
         problems.append(f"dtype {result['dtype']!r} differs from config.dtype {config.get('dtype')!r}")
     peak = (result["matmul_peak"] or {}).get("tflops")
-    if not result["rows"]:
+    if "decode" in result:
+        problems += validate_decode(result["decode"] or {})
+    elif not result["rows"]:
         problems.append("no rows")
     for number, row in enumerate(result["rows"]):
         where = f"row {number} ({row.get('label')}, {row.get('mode')}, B={row.get('batch')}, T={row.get('seq_len')})"
@@ -172,9 +174,10 @@ def check_report(path, checked):
     if problems:
         return f"{path}: NOT valid, {len(problems)} problem(s):\n" + "\n".join(f"  - {problem}" for problem in problems)
     device = result["provenance"]["device"]
-    ok = sum(row["status"] == "ok" for row in result["rows"])
+    rows = result["decode"]["rows"] if "decode" in result else result["rows"]
+    ok = sum(row["status"] == "ok" for row in rows)
     lines = [f"{path}: valid: {device['type']} ({device['name']}), {result['dtype']}, profile "
-             f"{result['config']['profile']!r}, {len(result['rows'])} rows ({ok} measured), recorded "
+             f"{result['config']['profile']!r}, {len(rows)} rows ({ok} measured), recorded "
              f"{result['provenance']['date_utc']}"]
     if changed:
         lines.append(f"  recorded with older sources ({len(changed)} package file(s) changed since: "
@@ -477,7 +480,15 @@ def provenance_summary(result):
             lines.append(f"- **Paired matmul rate** (timed beside each row, the yardstick of \"% of matmul\"): "
                          f"median {number(paired['median_tflops'])} TFLOP/s over {paired['rows']} rows, lowest "
                          f"{number(paired['lowest_tflops'])}, highest {number(paired['highest_tflops'])}")
-    measured = [r["cpu_utilization"] for r in result["rows"] if r["cpu_utilization"] is not None]
+    bandwidth = (result.get("decode") or {}).get("bandwidth")
+    if bandwidth:
+        reads = [sample["read_gbps"] for sample in bandwidth["samples"]]
+        lines.append(f"- **Read bandwidth** (a sum over {bandwidth['bytes'] / 2**20:,.0f} MiB, same run): median "
+                     f"{bandwidth['read_gbps']:.1f} GB/s of {len(reads)} samples (lowest {min(reads):.1f}, highest "
+                     f"{max(reads):.1f}); a copy of the same size: {bandwidth['copy_gbps']:.1f} GB/s counting reads "
+                     f"and writes")
+    rows = result["decode"]["rows"] if "decode" in result else result["rows"]
+    measured = [r["cpu_utilization"] for r in rows if r.get("cpu_utilization") is not None]
     if measured:
         contended = sum(share < CONTENDED_BELOW for share in measured)
         lines.append(f"- **CPU share**: median {sorted(measured)[len(measured) // 2]:.0%} of the threads' time; "
@@ -974,4 +985,157 @@ def plot_block_sparse(result):
     fig.suptitle(f"Block-sparse FlexAttention against a dense SDPA mask, forward, B={section.get('batch')}, "
                  f"{section.get('num_heads')} heads of {section.get('head_dim')}: {_title_suffix(result)}", fontsize=10)
     fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Decode profile (`python -m attention.bench --profile decode`, attention/bench/decode.py)
+
+def decode_fields_table():
+    """The decode rows' fields and their meanings, as a Markdown table (the schema page)."""
+    from attention.bench.decode import DECODE_ROW_FIELDS
+
+    lines = ["| Field | Meaning |", "| --- | --- |"]
+    return "\n".join(lines + [f"| `{name}` | {meaning} |" for name, meaning in DECODE_ROW_FIELDS.items()])
+
+
+def validate_decode(section):
+    """Problems of a decode result's `decode` section, as sentences (the numbers recomputed from each row)."""
+    from attention.bench.decode import DECODE_ROW_FIELDS
+
+    problems = []
+    bandwidth = section.get("bandwidth") or {}
+    if not isinstance(bandwidth.get("read_gbps"), (int, float)) or bandwidth["read_gbps"] <= 0:
+        problems.append("decode.bandwidth.read_gbps is missing or not positive")
+    rows = section.get("rows") or []
+    if not rows:
+        problems.append("decode: no rows")
+    for number, row in enumerate(rows):
+        where = (f"decode row {number} ({row.get('model')}, {row.get('kernel')}, B={row.get('batch')}, "
+                 f"context={row.get('context')})")
+        absent = [key for key in DECODE_ROW_FIELDS if key not in row]
+        if absent:
+            problems.append(f"{where}: missing field(s) {', '.join(absent)}")
+            continue
+        if row["status"] not in ("ok", "skipped", "failed"):
+            problems.append(f"{where}: unknown status {row['status']!r}")
+        if row["status"] != "ok":
+            continue
+        times = [row[key] for key in ("ms_min", "ms_q1", "ms_median", "ms_q3", "ms_max")]
+        if any(not isinstance(t, (int, float)) or t <= 0 for t in times) or times != sorted(times):
+            problems.append(f"{where}: times are not positive and ordered min <= q1 <= median <= q3 <= max: {times}")
+            continue
+        seconds = row["ms_median"] / 1e3
+        expected = {
+            "tokens_per_s": row["batch"] / seconds,
+            "cache_bytes_read": row["batch"] * (row["context"] + 1) * row["cache_bytes_per_token"],
+            "bytes_read": row["cache_bytes_read"] + row["weight_bytes"],
+            "gbps": row["bytes_read"] / seconds / 1e9,
+            "share_of_paired_bandwidth": row["gbps"] / row["bandwidth_gbps_paired"],
+        }
+        for key, value in expected.items():
+            if not isinstance(row[key], (int, float)) or not math.isclose(row[key], value, rel_tol=1e-3):
+                problems.append(f"{where}: {key} {row[key]} does not match its definition ({value:.4g})")
+        if row["correct"] not in (True, False):
+            problems.append(f"{where}: correct must be true or false, got {row['correct']!r}")
+    return problems
+
+
+def decode_rows(result, batch=None, model=None, kernel=None, context=None):
+    """The measured, correct decode rows of `result` matching the given values."""
+    wanted = {"batch": batch, "model": model, "kernel": kernel, "context": context}
+    return [row for row in (result.get("decode") or {}).get("rows", [])
+            if row["status"] == "ok" and row["correct"] is True
+            and all(value is None or row[key] == value for key, value in wanted.items())]
+
+
+def decode_best(result, model, batch, context):
+    """The fastest correct row of `model` at `batch` and `context` (any kernel), or None."""
+    rows = decode_rows(result, batch=batch, model=model, context=context)
+    return min(rows, key=lambda row: row["ms_median"]) if rows else None
+
+
+def _decode_axes(result):
+    rows = (result.get("decode") or {}).get("rows", [])
+    return (list(dict.fromkeys(row["model"] for row in rows)), list(dict.fromkeys(row["kernel"] for row in rows)),
+            sorted({row["batch"] for row in rows}), sorted({row["context"] for row in rows}))
+
+
+def decode_table(result, batch):
+    """Markdown: tokens per second and share of the measured read bandwidth, per model and kernel (rows) and
+    context (columns), at one batch size. Skipped or failed rows say so; wrong rows say WRONG."""
+    models, kernels, _, contexts = _decode_axes(result)
+    rows = (result.get("decode") or {}).get("rows", [])
+    header = "| Model (K/V heads) | Kernel | " + " | ".join(f"{c:,}" for c in contexts) + " |"
+    lines = [header, "| --- | --- | " + " | ".join("---:" for _ in contexts) + " |"]
+    for model in models:
+        for kernel in kernels:
+            cells = []
+            for context in contexts:
+                row = next((r for r in rows if (r["model"], r["kernel"], r["batch"], r["context"])
+                            == (model, kernel, batch, context)), None)
+                if row is None:
+                    cells.append("")
+                elif row["status"] != "ok":
+                    cells.append(row["status"])
+                elif row["correct"] is not True:
+                    cells.append("WRONG")
+                else:
+                    cells.append(f"{row['tokens_per_s']:,.0f} tok/s · {row['share_of_paired_bandwidth']:.0%}")
+            kv = next((r["num_kv_heads"] for r in rows if r["model"] == model), "?")
+            lines.append(f"| {model} ({kv}) | `{kernel}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def decode_summary_table(result, contexts=None):
+    """Markdown: per batch and model, the fastest kernel's tokens/s and bandwidth share at a few contexts,
+    and the cache bytes per token."""
+    models, _, batches, all_contexts = _decode_axes(result)
+    contexts = [c for c in (contexts or all_contexts) if c in all_contexts]
+    lines = ["| Batch | Model | K/V heads | Cache per token | " + " | ".join(f"{c:,} context" for c in contexts) + " |",
+             "| ---: | --- | ---: | ---: | " + " | ".join("---:" for _ in contexts) + " |"]
+    rows = (result.get("decode") or {}).get("rows", [])
+    for batch in batches:
+        for model in models:
+            sample = next(r for r in rows if r["model"] == model)
+            cells = []
+            for context in contexts:
+                best = decode_best(result, model, batch, context)
+                cells.append("" if best is None else f"{best['tokens_per_s']:,.0f} tok/s, "
+                             f"{best['share_of_paired_bandwidth']:.0%} (`{best['kernel']}`)")
+            lines.append(f"| {batch} | {model} | {sample['num_kv_heads']} | "
+                         f"{sample['cache_bytes_per_token'] / 1024:,.0f} KiB | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_decode(result, metric="tokens_per_s"):
+    """Figure: `metric` (tokens_per_s or share_of_paired_bandwidth) against context, one panel per batch size,
+    one colour per model, solid for the `matmul` kernel and dashed for `sdpa`."""
+    from matplotlib.figure import Figure
+
+    models, kernels, batches, _ = _decode_axes(result)
+    fig = Figure(figsize=(5.2 * len(batches), 3.6), layout="constrained")
+    axes = fig.subplots(1, len(batches), squeeze=False)[0]
+    styles = {"matmul": "-", "sdpa": "--"}
+    colors = {model: f"C{i}" for i, model in enumerate(models)}
+    for ax, batch in zip(axes, batches):
+        for model in models:
+            for kernel in kernels:
+                rows = sorted(decode_rows(result, batch=batch, model=model, kernel=kernel), key=lambda r: r["context"])
+                if rows:
+                    values = [r[metric] * (100 if metric.startswith("share") else 1) for r in rows]
+                    ax.plot([r["context"] for r in rows], values, styles.get(kernel, ":"), marker="o",
+                            color=colors[model], label=f"{model} ({rows[0]['num_kv_heads']} K/V) {kernel}")
+        ax.set_xscale("log", base=2)
+        if metric == "tokens_per_s":
+            ax.set_yscale("log")
+            ax.set_ylabel("tokens per second (one layer)")
+        else:
+            ax.set_ylabel("% of measured read bandwidth")
+            ax.set_ylim(bottom=0)
+        ax.set_xlabel("context (cached positions)")
+        ax.set_title(f"batch {batch}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[-1].legend(fontsize=7)
+    fig.suptitle(f"Decode step, {result['provenance']['device']['name']}, {result['dtype']}", fontsize=10)
     return fig

@@ -32,6 +32,8 @@ class Row(TypedDict):
     d_out: Annotated[int, "Output features: the config's `d_model`."]
     num_heads: Annotated[int, "H, the number of heads."]
     head_dim: Annotated[int, "D = `d_out / num_heads`."]
+    num_kv_heads: Annotated[int | None, "Key/value heads of the module as built (`num_heads` for multi-head classes, "
+                                        "fewer for grouped-query and multi-query ones); `null`: not built."]
     position_encoding: Annotated[str | None, 'The class\'s `position_encoding` (`null`, `"alibi"`, `"rope"`).']
     status: Annotated[str, '`"ok"`; `"skipped"` (the constructor or the weight loader refused this configuration, '
                            'e.g. `nn.MultiheadAttention` with `d_in != d_out`); `"failed"` (a call raised).']

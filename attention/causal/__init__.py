@@ -30,6 +30,10 @@ class CausalSelfAttention(Protocol):
       `ValueError` naming missing, unexpected or misshapen keys.
     * **`position_encoding`**: `None`, `"rope"` or `"alibi"`: the position encoding applied inside the
       attention, which the reference then applies too.
+    * **Grouped-query classes** (`attention/causal/gqa.py`, `gqa_flex.py`) add a keyword-only
+      `num_kv_heads` with a default; their `key.*` and `value.*` have `num_kv_heads * head_dim` rows.
+    * **Decoding** (where a class supports it, `GroupedQueryAttention`): `new_cache(batch_size, capacity)`
+      makes an empty KV cache and `forward(x, cache=cache)` continues the cached sequence with `x`.
 
     A new implementation is one file under `attention/causal/` with a class keeping this contract,
     plus one line in `attention/registry.py`. Its small helpers (the argument checks) are marked

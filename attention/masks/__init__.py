@@ -18,6 +18,7 @@ Example:
 
 from attention.masks.core import and_masks, block_mask, dense_mask, density, or_masks
 from attention.masks.patterns import (
+    attention_sinks,
     bigbird,
     causal,
     document,
@@ -32,6 +33,7 @@ from attention.masks.patterns import (
 
 __all__ = [
     "and_masks",
+    "attention_sinks",
     "bigbird",
     "block_mask",
     "causal",

@@ -32,6 +32,22 @@ def sliding_window(window_size):
     return mask_mod
 
 
+def attention_sinks(num_sinks):
+    """Attention sinks: every query attends to the first `num_sinks` keys, `j < num_sinks`.
+
+    Not causal by itself: `or_masks(sliding_window(w), and_masks(causal, attention_sinks(s)))` is
+    StreamingLLM's pattern (Xiao et al., 2023, https://arxiv.org/abs/2309.17453), a sliding window
+    plus the first tokens, which keeps generation stable once the window has moved past them.
+    """
+    check_int("num_sinks", num_sinks, minimum=0)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return kv_idx < num_sinks
+
+    mask_mod.__name__ = f"attention_sinks_{num_sinks}"
+    return mask_mod
+
+
 def local_window(radius):
     """Bidirectional local window: query i attends to keys j with `|i - j| <= radius` (encoders).
 

@@ -107,8 +107,10 @@ def on_pre_build(config):
     # headline charts and the short answer read the first run of each device.
     state["recorded"] = sorted(recorded, key=lambda item: (item[1]["config"].get("profile") != "default",
                                                            item[1]["dtype"] != "float32"))
-    # Long-profile runs (`--profile long`) live in docs/results/long/ and have their own section.
+    # Long-profile runs (`--profile long`) live in docs/results/long/ and have their own section; so do
+    # decode-profile runs (`--profile decode`), in docs/results/decode/.
     state["long"] = [(path, checked[path]["result"]) for path in render.find_results(results_dir / "long")]
+    state["decode"] = [(path, checked[path]["result"]) for path in render.find_results(results_dir / "decode")]
     out = root / ".cache" / "bench" / f"cpu-quick-{source_hash()[:16]}.json"
     if state["command"] != "serve":
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -130,7 +132,6 @@ def on_pre_build(config):
 def chart_set(slug, result):
     """The charts of one result as {kind: (uri, alt text, png bytes, width in CSS pixels)}."""
     from attention.bench import render
-    from attention.plotting import figure_png
 
     device = result["provenance"]["device"]["name"]
     charts = {"bars": (render.plot_bars(result), f"median time per implementation at the headline shape, {device}"),
@@ -142,17 +143,23 @@ def chart_set(slug, result):
     if render.sweep_rows(result, "forward_backward"):
         charts["time_fb"] = (render.plot_time_vs_seq_len(result, "forward_backward"),
                              f"forward + backward time against sequence length, {device}")
-    chart_files = {}
+    return chart_files(slug, charts)
+
+
+def chart_files(slug, charts):
+    """`{kind: (fig, alt)}` drawn to PNG: {kind: (uri, alt text, png bytes, width in CSS pixels)}."""
+    from attention.plotting import figure_png
+
+    files = {}
     for kind, (fig, alt) in charts.items():
         png, width, _height = figure_png(fig)
-        chart_files[kind] = (f"{ASSETS}/{slug}-{kind}.png", alt, png, width)
-    return chart_files
+        files[kind] = (f"{ASSETS}/{slug}-{kind}.png", alt, png, width)
+    return files
 
 
 def long_chart_set(slug, result):
     """The charts of one long-profile run, as `chart_set` returns them."""
     from attention.bench import render
-    from attention.plotting import figure_png
 
     device = result["provenance"]["device"]["name"]
     charts = {f"memory-{mode}": (render.plot_memory_vs_seq_len(result, mode),
@@ -162,11 +169,7 @@ def long_chart_set(slug, result):
         charts["block-sparse"] = (render.plot_block_sparse(result),
                                   f"FlexAttention with a BlockMask against SDPA with a dense mask, time against "
                                   f"sequence length per mask pattern, {device}")
-    chart_files = {}
-    for kind, (fig, alt) in charts.items():
-        png, width, _height = figure_png(fig)
-        chart_files[kind] = (f"{ASSETS}/{slug}-{kind}.png", alt, png, width)
-    return chart_files
+    return chart_files(slug, charts)
 
 
 def long_section():
@@ -179,8 +182,7 @@ def long_section():
     parts = []
     for path, result in state["long"]:
         charts = state["charts"][f"long-{path.stem}"]
-        provenance = ('??? info "What this run was measured on"\n\n'
-                      + textwrap.indent(render.provenance_summary(result), "    "))
+        provenance = provenance_block(result)
         section = result["block_sparse"] or {}
         parts += [f"**`docs/results/long/{path.name}`**: {run_line(result)}",
                   "Peak memory of one call against T, with the growth fitted over T ≥ 2048 (below it the weights' "
@@ -196,12 +198,48 @@ def long_section():
     return "\n\n".join(part.strip() for part in parts if part.strip())
 
 
+def decode_chart_set(slug, result):
+    """The charts of one decode-profile run, as `chart_set` returns them."""
+    from attention.bench import render
+
+    device = result["provenance"]["device"]["name"]
+    return chart_files(slug, {
+        "tokens": (render.plot_decode(result, "tokens_per_s"), f"decode tokens per second against context, {device}"),
+        "share": (render.plot_decode(result, "share_of_paired_bandwidth"),
+                  f"decode step's share of the measured read bandwidth against context, {device}")})
+
+
+def decode_section():
+    """The Benchmarks page's decoding section: every recorded decode-profile run."""
+    from attention.bench import render
+
+    if not state["decode"]:
+        return ("No decode-profile run is recorded yet: `python -m attention.bench --profile decode --out "
+                "docs/results/decode/<device>-decode-float32.json` records one.")
+    parts = []
+    for path, result in state["decode"]:
+        charts = state["charts"][f"decode-{path.stem}"]
+        config = result["config"]
+        parts += [f"**`docs/results/decode/{path.name}`**: {run_line(result)}",
+                  f"The fastest kernel per model, {config['num_heads']} query heads of {config['head_dim']} "
+                  f"(d_model {config['d_model']}), one attention layer; each cell: tokens per second and the share "
+                  f"of the read bandwidth measured beside the row:", render.decode_summary_table(result),
+                  images(charts, "")]
+        for batch in config["batches"]:
+            parts.append(f'??? note "Batch {batch}: every kernel and context"\n\n'
+                         + textwrap.indent(render.decode_table(result, batch), "    "))
+        parts.append(provenance_block(result))
+    return "\n\n".join(part.strip() for part in parts if part.strip())
+
+
 def on_files(files, config):
     state["charts"] = {"build": chart_set("cpu-build", state["build_result"])} if state["build_result"] else {}
     for path, result in state["recorded"]:
         state["charts"][path.stem] = chart_set(path.stem, result)
     for path, result in state["long"]:
         state["charts"][f"long-{path.stem}"] = long_chart_set(f"long-{path.stem}", result)
+    for path, result in state["decode"]:
+        state["charts"][f"decode-{path.stem}"] = decode_chart_set(f"decode-{path.stem}", result)
     for charts in state["charts"].values():
         for uri, _alt, png, _width in charts.values():
             files.append(File.generated(config, uri, content=png))
@@ -217,13 +255,20 @@ def images(charts, page_dir):
     return "\n\n".join(f'![{alt}]({prefix}{uri}){{ width="{width}" }}' for uri, alt, _png, width in charts.values())
 
 
+def provenance_block(result):
+    """A collapsed admonition with the run's provenance summary."""
+    from attention.bench import render
+
+    return '??? info "What this run was measured on"\n\n' + textwrap.indent(render.provenance_summary(result), "    ")
+
+
 def result_section(title, result, charts):
     from attention.bench import render
 
     config = result["config"]
     shape = (f"Headline shape: batch {config['batch']}, T = {config['seq_len']} (profile `{config['profile']}`); "
              f"the sweep runs batch {config['sweep_batch']}.")
-    provenance = '??? info "What this run was measured on"\n\n' + textwrap.indent(render.provenance_summary(result), "    ")
+    provenance = provenance_block(result)
     parts = [f"**{title}**", shape, render.markdown_tables(result, include_sweep=True), images(charts, ""), provenance]
     return "\n\n".join(part.strip() for part in parts if part.strip())
 
@@ -407,10 +452,12 @@ def on_page_markdown(markdown, page, config, files):
         from attention.bench import render
 
         return (markdown.replace("<!-- row-fields -->", render.row_fields_table())
-                .replace("<!-- block-sparse-fields -->", render.block_sparse_fields_table()))
+                .replace("<!-- block-sparse-fields -->", render.block_sparse_fields_table())
+                .replace("<!-- decode-fields -->", render.decode_fields_table()))
     if page.file.src_uri == "benchmarks.md":
         return (markdown.replace("<!-- benchmark-tabs -->", benchmark_tabs()).replace("<!-- fastest -->", fastest_section())
-                .replace("<!-- dtype-comparison -->", dtype_section()).replace("<!-- long-context -->", long_section()))
+                .replace("<!-- dtype-comparison -->", dtype_section()).replace("<!-- long-context -->", long_section())
+                .replace("<!-- decode -->", decode_section()))
     if page.file.src_uri == "index.md":
         return (markdown.replace("<!-- headline-charts -->", headline_charts())
                 .replace("<!-- short-answer -->", short_answer()))

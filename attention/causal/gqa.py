@@ -1,0 +1,362 @@
+"""Grouped-query and multi-query causal self-attention on SDPA, with KV caches for decoding.
+
+Grouped-query attention (GQA, Ainslie et al., 2023, https://arxiv.org/abs/2305.13245) keeps
+`num_heads` query heads but only `num_kv_heads` key/value heads: each K/V head is shared by a group
+of `num_heads // num_kv_heads` consecutive query heads. `num_kv_heads == num_heads` is ordinary
+multi-head attention; `num_kv_heads == 1` is multi-query attention (MQA, Shazeer, 2019,
+https://arxiv.org/abs/1911.02150). Llama 3, Mistral, Gemma and Qwen use GQA: the key and value
+projections shrink, and so does the KV cache that decoding reads at every step.
+
+Decoding with a cache: `cache = module.new_cache(batch_size, capacity)`, then `module(x, cache=cache)`
+projects `x`'s keys and values, appends them to the cache and attends from `x`'s queries over
+everything cached. A prompt goes in one call (prefill), then one token per call, or chunks.
+`new_cache(batch_size, window=w, sinks=s)` keeps only the first `s` positions and the last `w`
+(a sliding window with attention sinks), so memory stays fixed however long the sequence grows.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+KV_STRATEGIES = ("enable_gqa", "repeat")
+DECODE_KERNELS = ("auto", "sdpa", "matmul")
+
+
+class GroupedQueryAttention(nn.Module):
+    """Causal grouped-query self-attention on `F.scaled_dot_product_attention`: `(B, T, d_in) -> (B, T, d_out)`.
+
+    The family's constructor, shapes and canonical state dict (`attention.causal.CausalSelfAttention`),
+    except that `key.weight` and `value.weight` (and biases) have `num_kv_heads * head_dim` rows.
+
+    Keywords:
+        num_kv_heads: K/V heads; must divide `num_heads`. `None` takes groups of 4 query heads per K/V
+            head (as Llama 3 8B and Mistral 7B do), or of 2 where 4 does not divide `num_heads`, or
+            plain multi-head attention where neither does.
+        kv_strategy: how SDPA meets the smaller K/V: `"enable_gqa"` (SDPA's own `enable_gqa=True`,
+            PyTorch >= 2.5: the kernel maps each query head to its K/V head without copying) or
+            `"repeat"` (copy each K/V head `num_heads // num_kv_heads` times, then plain SDPA).
+        decode_kernel: what attends over a cache: `"sdpa"`, `"matmul"` (`grouped_decode_attention`: two
+            matmuls that read each cached K/V head once for its whole group of query heads) or `"auto"`
+            (`"matmul"` on CPU, where SDPA's kernel reads the cache once per query head, else `"sdpa"`).
+            Without a cache, SDPA runs.
+    """
+
+    position_encoding = None
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False, *, num_kv_heads=None,
+                 kv_strategy="enable_gqa", decode_kernel="auto"):
+        super().__init__()
+        init_sizes(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias)
+        num_kv_heads = resolve_kv_heads(num_heads, num_kv_heads)
+        if kv_strategy not in KV_STRATEGIES:
+            raise ValueError(f"kv_strategy must be one of {KV_STRATEGIES}, got kv_strategy={kv_strategy!r}")
+        if decode_kernel not in DECODE_KERNELS:
+            raise ValueError(f"decode_kernel must be one of {DECODE_KERNELS}, got decode_kernel={decode_kernel!r}")
+        self.num_kv_heads, self.kv_strategy, self.decode_kernel = num_kv_heads, kv_strategy, decode_kernel
+        kv_dim = num_kv_heads * self.head_dim
+        self.query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.key = nn.Linear(d_in, kv_dim, bias=qkv_bias)  # num_kv_heads heads, not num_heads
+        self.value = nn.Linear(d_in, kv_dim, bias=qkv_bias)
+        self.out = nn.Linear(d_out, d_out)
+        self.dropout_p = dropout  # a probability: SDPA applies it itself
+
+    def forward(self, x, cache=None):
+        """`x` `(B, T, d_in)` -> `(B, T, d_out)`; with `cache`, `x` continues the cached sequence."""
+        check_input(x, self.d_in, self.context_length)
+        B, T, C = x.shape
+        H, H_kv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        grouped_matmuls = cache is not None and (self.decode_kernel == "matmul" or (
+            self.decode_kernel == "auto" and x.device.type == "cpu"))
+        # One token of one sequence: each projection is a matrix-vector product, which the CPU's BLAS runs on
+        # one thread; split into a batch of them (`row_split_linear`), it reads the weights on every core.
+        project = row_split_linear if grouped_matmuls and B * T == 1 else (lambda layer, inputs: layer(inputs))
+        q = project(self.query, x).view(B, T, H, D).transpose(1, 2)  # (B, T, H*D) -> (B, H, T, D)
+        k = project(self.key, x).view(B, T, H_kv, D).transpose(1, 2)  # (B, T, H_kv*D) -> (B, H_kv, T, D)
+        v = project(self.value, x).view(B, T, H_kv, D).transpose(1, 2)  # (B, H_kv, T, D)
+        if cache is None:
+            keys, values, mask, is_causal = k, v, None, True
+        else:
+            check_cache(cache, self, x)
+            keys, values, mask = cache.update(k, v)  # (B, H_kv, S, D) each; mask (T, S) or None
+            is_causal = False  # is_causal=True would align the mask top-left: wrong once the cache holds a past
+        dropout_p = self.dropout_p if self.training else 0.0  # SDPA has no train/eval switch of its own
+        if grouped_matmuls:
+            context = grouped_decode_attention(q, keys, values, mask, dropout_p)  # (B, H, T, D)
+        else:
+            if self.kv_strategy == "repeat" and H_kv != H:
+                keys = keys.repeat_interleave(H // H_kv, dim=1)  # (B, H_kv, S, D) -> (B, H, S, D): head h reads K/V head h // group
+                values = values.repeat_interleave(H // H_kv, dim=1)  # (B, H, S, D)
+            context = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=dropout_p,
+                                                     is_causal=is_causal, enable_gqa=H_kv != H)  # (B, H, T, D)
+        context = context.transpose(1, 2).reshape(B, T, self.d_out)  # (B, T, H*D)
+        return project(self.out, context)  # (B, T, d_out)
+
+    def new_cache(self, batch_size, capacity=None, *, window=None, sinks=0):
+        """An empty KV cache for `batch_size` sequences, on the module's device and dtype.
+
+        `capacity` positions in all (a `KVCache`, at most `context_length`), or, with `window`, the first
+        `sinks` positions and the last `window` (a `SlidingWindowKVCache`, for any length).
+        """
+        weight = self.key.weight
+        sizes = dict(batch_size=batch_size, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+                     dtype=weight.dtype, device=weight.device)
+        if window is None:
+            if capacity is None:
+                raise ValueError("new_cache needs capacity (a full cache) or window (a sliding-window cache)")
+            if isinstance(capacity, int) and capacity > self.context_length:
+                raise ValueError(f"capacity must be at most context_length={self.context_length}, got capacity={capacity}")
+            if sinks:
+                raise ValueError(f"sinks apply to a sliding-window cache: pass window too, got sinks={sinks}")
+            return KVCache(capacity=capacity, **sizes)
+        if capacity is not None:
+            raise ValueError(f"pass capacity or window, not both: got capacity={capacity}, window={window}")
+        return SlidingWindowKVCache(window=window, sinks=sinks, **sizes)
+
+    # Same as attention/causal/split_heads.py::SplitHeadsAttention.canonical_state_dict
+    def canonical_state_dict(self):
+        """The weights under the names every implementation shares (`attention.causal.CausalSelfAttention`)."""
+        return {name: tensor.detach().clone() for name, tensor in self.state_dict().items()}
+
+    def load_canonical_state_dict(self, state):
+        """Load the canonical state dict, with `num_kv_heads * head_dim` rows in `key.*` and `value.*`."""
+        check_canonical_state(state, self.d_in, self.d_out, self.qkv_bias, kv_dim=self.num_kv_heads * self.head_dim)
+        self.load_state_dict(state)
+
+
+class MultiQueryAttention(GroupedQueryAttention):
+    """Causal multi-query self-attention: grouped-query attention with one K/V head for all query heads."""
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False, *, kv_strategy="enable_gqa"):
+        super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias, num_kv_heads=1,
+                         kv_strategy=kv_strategy)
+
+
+def row_split_linear(layer, x, chunks=8):
+    """`layer(x)` (an `nn.Linear`) for a single row `x` `(1, 1, in)`, as `chunks` matrix-vector products in a batch.
+
+    A matrix-vector product reads every weight once for two FLOPs each, so it runs at the rate memory
+    delivers the weights. The CPU's BLAS computes one on a single thread, which reads memory at a
+    fraction of what all cores do; `torch.bmm` runs the products of a batch on all threads. Where
+    `chunks` does not divide the output features, `layer(x)` as it is.
+    """
+    weight = layer.weight  # (out, in)
+    out_features, in_features = weight.shape
+    if out_features % chunks != 0:
+        return layer(x)
+    blocks = weight.view(chunks, out_features // chunks, in_features)  # (chunks, out/chunks, in): rows split
+    # The column as a transposed row (strides (0, 1, in)): with strides (0, 1, 1), the same product ran 5x slower.
+    column = x.reshape(1, in_features).T.unsqueeze(0).expand(chunks, in_features, 1)  # (chunks, in, 1)
+    y = torch.bmm(blocks, column)  # (chunks, out/chunks, 1)
+    y = y.reshape(*x.shape[:-1], out_features)  # (1, 1, out)
+    return y if layer.bias is None else y + layer.bias
+
+
+def grouped_decode_attention(q, k, v, mask=None, dropout_p=0.0):
+    """Attention of a few queries over many cached keys, each K/V head read once for its group: `(B, H, T, D)`.
+
+    Args:
+        q: `(B, H, T, D)` queries; head `h` reads K/V head `h // (H // H_kv)`.
+        k, v: `(B, H_kv, S, D)` keys and values (the cache), `S` typically much longer than `T`.
+        mask: boolean `(T, S)`, True = attend, or None (every query attends to every key). A query with
+            no key to attend to gets zeros.
+        dropout_p: dropout on the attention weights.
+
+    A decode step reads the whole cache for very little arithmetic, so its speed is the rate at which
+    it reads `k` and `v`. The scores are computed as `k @ qᵀ`, `(S, D) @ (D, group * T)` per K/V head:
+    the long cache is the left operand, read row by row once for every query of the group (SDPA's CPU
+    kernel instead takes one query head at a time, reading each K/V head `group` times).
+    """
+    B, H, T, D = q.shape
+    H_kv, S = k.shape[1], k.shape[2]
+    group = H // H_kv
+    q_grouped = q.reshape(B, H_kv, group * T, D)  # (B, H, T, D) -> (B, H_kv, group*T, D): a K/V head's queries together
+    scores = torch.matmul(k, q_grouped.transpose(-1, -2)) * D**-0.5  # (B, H_kv, S, D) @ (B, H_kv, D, group*T) -> (B, H_kv, S, group*T)
+    if mask is not None:
+        allowed = mask.transpose(0, 1).repeat(1, group)  # (T, S) -> (S, group*T), matching the grouped query order
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    attn_weights = torch.softmax(scores, dim=-2)  # over the keys: (B, H_kv, S, group*T)
+    if mask is not None:
+        attn_weights = attn_weights.nan_to_num(0.0)  # a query with no key: softmax of all -inf is NaN, its weights 0
+    attn_weights = F.dropout(attn_weights, p=dropout_p) if dropout_p > 0 else attn_weights
+    context = torch.matmul(attn_weights.transpose(-1, -2), v)  # (B, H_kv, group*T, S) @ (B, H_kv, S, D) -> (B, H_kv, group*T, D)
+    return context.reshape(B, H, T, D)  # (B, H_kv, group*T, D) -> (B, H, T, D)
+
+
+class KVCache:
+    """The keys and values of every position so far, in preallocated `(B, H_kv, capacity, D)` tensors.
+
+    `update(k, v)` appends a chunk and returns what its queries attend over. Queries of a chunk of
+    `T` tokens after `length` cached ones sit at positions `length .. length + T - 1`, so query `i` of
+    the chunk attends to keys `0 .. length + i`: the causal mask aligned to the lower right.
+    """
+
+    def __init__(self, batch_size, num_kv_heads, head_dim, capacity, dtype=torch.float32, device=None):
+        sizes = {"batch_size": batch_size, "num_kv_heads": num_kv_heads, "head_dim": head_dim, "capacity": capacity}
+        for name, value in sizes.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {name}={value!r}")
+        self.capacity, self.length = capacity, 0
+        self.keys = torch.zeros(batch_size, num_kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        self.values = torch.zeros_like(self.keys)  # (B, H_kv, capacity, D)
+
+    @property
+    def nbytes(self):
+        """Bytes the cache holds: keys and values."""
+        return self.keys.nbytes + self.values.nbytes
+
+    def update(self, k, v):
+        """Append `k`, `v` `(B, H_kv, T, D)`; return `(keys, values, mask)` over positions `0 .. length + T - 1`.
+
+        `mask` `(T, length + T)`, True = attend, or `None` when every query attends to every key (one query).
+        Past capacity: `ValueError`, and the cache is left unchanged.
+        """
+        T, start = k.shape[2], self.length
+        if start + T > self.capacity:
+            raise ValueError(f"KV cache is full: {start} cached + {T} new positions exceed capacity={self.capacity}")
+        self.keys[:, :, start:start + T] = k
+        self.values[:, :, start:start + T] = v
+        self.length = start + T
+        keys, values = self.keys[:, :, :self.length], self.values[:, :, :self.length]  # (B, H_kv, length, D)
+        if T == 1:
+            return keys, values, None
+        query_pos = torch.arange(start, start + T, device=k.device)  # (T,)
+        key_pos = torch.arange(self.length, device=k.device)  # (length,)
+        return keys, values, query_pos[:, None] >= key_pos[None, :]  # (T, length): lower-right causal
+
+
+class SlidingWindowKVCache:
+    """The first `sinks` positions and the last `window` positions, in `(B, H_kv, sinks + window, D)` slots.
+
+    The window slots are a ring buffer: position `p >= sinks` lives in slot `sinks + (p - sinks) % window`.
+    Query `i` attends to keys `j <= i` with `i - j < window` (`attention.masks.sliding_window(window)`)
+    or `j < sinks` (attention sinks, Xiao et al., 2023, https://arxiv.org/abs/2309.17453). Memory stays
+    `sinks + window` positions whatever the length.
+    """
+
+    def __init__(self, batch_size, num_kv_heads, head_dim, window, sinks=0, dtype=torch.float32, device=None):
+        sizes = {"batch_size": batch_size, "num_kv_heads": num_kv_heads, "head_dim": head_dim, "window": window}
+        for name, value in sizes.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {name}={value!r}")
+        if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
+            raise ValueError(f"sinks must be a non-negative int, got sinks={sinks!r}")
+        self.window, self.sinks, self.length = window, sinks, 0
+        self.keys = torch.zeros(batch_size, num_kv_heads, sinks + window, head_dim, dtype=dtype, device=device)
+        self.values = torch.zeros_like(self.keys)  # (B, H_kv, sinks + window, D)
+        self.positions = torch.full((sinks + window,), -1, device=device)  # position held in each slot; -1: empty
+
+    @property
+    def nbytes(self):
+        """Bytes the cache holds: keys and values."""
+        return self.keys.nbytes + self.values.nbytes
+
+    def slots(self, positions):
+        """The slot of each position `(N,)`: itself among the sinks, else its place in the ring."""
+        return torch.where(positions < self.sinks, positions, self.sinks + (positions - self.sinks) % self.window)
+
+    def update(self, k, v):
+        """Append `k`, `v` `(B, H_kv, T, D)`; return `(keys, values, mask)` for the chunk's queries.
+
+        `mask` `(T, S)`, True = attend, or `None` when every query attends to every key.
+        """
+        T, start = k.shape[2], self.length
+        query_pos = torch.arange(start, start + T, device=k.device)  # (T,)
+        if T == 1:  # the slot overwritten held position start - window, which the query no longer sees
+            self._write(k, v, query_pos)
+            keys, values, key_pos = self.keys, self.values, self.positions  # (B, H_kv, slots, D)
+        else:  # a later query's write must not evict a key an earlier query of the chunk still needs
+            keys = torch.cat([self.keys, k], dim=2)  # (B, H_kv, slots + T, D)
+            values = torch.cat([self.values, v], dim=2)
+            key_pos = torch.cat([self.positions, query_pos])  # (slots + T,)
+            self._write(k, v, query_pos)
+        recent = (query_pos[:, None] - key_pos[None, :] < self.window) | (key_pos[None, :] < self.sinks)
+        mask = (key_pos[None, :] >= 0) & (key_pos[None, :] <= query_pos[:, None]) & recent  # (T, S)
+        return keys, values, (None if bool(mask.all()) else mask)
+
+    def _write(self, k, v, positions):
+        keep = (positions < self.sinks) | (positions >= positions[-1] + 1 - self.window)  # the rest would be evicted
+        slots = self.slots(positions[keep])
+        self.keys[:, :, slots] = k[:, :, keep]
+        self.values[:, :, slots] = v[:, :, keep]
+        self.positions[slots] = positions[keep]
+        self.length = int(positions[-1]) + 1
+
+
+def resolve_kv_heads(num_heads, num_kv_heads):
+    """`num_kv_heads` checked against `num_heads` (a clear error unless it divides it); `None` picks the default."""
+    if num_kv_heads is None:
+        return num_heads // next(group for group in (4, 2, 1) if num_heads % group == 0)
+    if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int):
+        raise TypeError(f"num_kv_heads must be an int, got num_kv_heads={num_kv_heads!r}")
+    if num_kv_heads <= 0 or num_heads % num_kv_heads != 0:
+        raise ValueError(f"num_kv_heads must be a positive divisor of num_heads, got num_kv_heads={num_kv_heads}, "
+                         f"num_heads={num_heads}")
+    return num_kv_heads
+
+
+def check_cache(cache, module, x):
+    """Raise a clear error unless `cache` fits `module` and `x`, and gradients are off (a cache is for inference)."""
+    if not isinstance(cache, (KVCache, SlidingWindowKVCache)):
+        raise TypeError(f"cache must come from new_cache(), got {type(cache).__name__}")
+    B, H_kv, _, D = cache.keys.shape
+    if (H_kv, D) != (module.num_kv_heads, module.head_dim):
+        raise ValueError(f"cache holds {H_kv} K/V heads of size {D}, the module has num_kv_heads="
+                         f"{module.num_kv_heads}, head_dim={module.head_dim}")
+    if x.shape[0] != B:
+        raise ValueError(f"x has batch size {x.shape[0]}, the cache was made for batch_size={B}")
+    if cache.keys.dtype != x.dtype or cache.keys.device != x.device:
+        raise ValueError(f"cache is {cache.keys.dtype} on {cache.keys.device}, x is {x.dtype} on {x.device}")
+    if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in module.parameters())):
+        raise ValueError("a KV cache is for inference: call the module under torch.no_grad() or torch.inference_mode()")
+
+
+# Same as attention/causal/split_heads.py::init_sizes
+def init_sizes(module, d_in, d_out, context_length, dropout, num_heads, qkv_bias):
+    """Check the family's constructor arguments (clear errors) and keep the sizes on `module`."""
+    check_init_args(d_in, d_out, context_length, dropout, num_heads)
+    module.d_in, module.d_out, module.context_length = d_in, d_out, context_length
+    module.num_heads, module.head_dim, module.qkv_bias = num_heads, d_out // num_heads, qkv_bias
+
+
+# Same as attention/causal/split_heads.py::check_init_args
+def check_init_args(d_in, d_out, context_length, dropout, num_heads):
+    """Raise a clear error for constructor arguments that cannot build the module."""
+    sizes = {"d_in": d_in, "d_out": d_out, "context_length": context_length, "num_heads": num_heads}
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {name}={value!r}")
+        if value <= 0:
+            raise ValueError(f"{name} must be positive, got {name}={value}")
+    if d_out % num_heads != 0:
+        raise ValueError(f"d_out must be divisible by num_heads, got d_out={d_out}, num_heads={num_heads}")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
+        raise TypeError(f"dropout must be a float, got dropout={dropout!r}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got dropout={dropout}")
+
+
+# Same as attention/causal/split_heads.py::check_input
+def check_input(x, d_in, context_length):
+    """Raise a clear error unless `x` is a floating `(B, T, d_in)` tensor with 0 < T <= context_length."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor, got x.dtype={x.dtype}")
+    if x.dim() != 3 or x.shape[-1] != d_in:
+        raise ValueError(f"x must have shape (B, T, d_in={d_in}), got x.shape={tuple(x.shape)}")
+    if not 0 < x.shape[1] <= context_length:
+        raise ValueError(f"sequence length T must be in [1, context_length={context_length}], got T={x.shape[1]}")
+
+
+def check_canonical_state(state, d_in, d_out, qkv_bias, kv_dim):
+    """Raise a clear error unless `state` holds exactly the canonical keys with the right shapes (K/V: `kv_dim` rows)."""
+    shapes = {"query.weight": (d_out, d_in), "key.weight": (kv_dim, d_in), "value.weight": (kv_dim, d_in),
+              "out.weight": (d_out, d_out), "out.bias": (d_out,)}
+    if qkv_bias:
+        shapes.update({"query.bias": (d_out,), "key.bias": (kv_dim,), "value.bias": (kv_dim,)})
+    missing, extra = sorted(set(shapes) - set(state)), sorted(set(state) - set(shapes))
+    if missing or extra:
+        raise ValueError(f"canonical state dict: missing keys {missing}, unexpected keys {extra}")
+    for name, shape in shapes.items():
+        if tuple(state[name].shape) != shape:
+            raise ValueError(f"canonical state dict: {name} must have shape {shape}, got {tuple(state[name].shape)}")
