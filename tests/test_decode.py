@@ -116,10 +116,13 @@ def test_decode_bytes_follow_from_the_shapes(decode_result):
         parameters = d_model * d_model * 2 + d_model + 2 * kv * d_model  # query, out (+ bias), key, value
         assert row["weight_bytes"] == parameters * 4
         assert row["cache_bytes_read"] == row["batch"] * (row["context"] + 1) * row["cache_bytes_per_token"]
+        core = 4 * row["batch"] * row["num_heads"] * (row["context"] + 1) * row["head_dim"]
+        assert row["flops"] == 2 * row["batch"] * parameters + core
     assert cache_bytes_per_token(8, 128, torch.bfloat16) == 2 * 8 * 128 * 2
 
 
-@pytest.mark.parametrize("field", ["tokens_per_s", "gbps", "share_of_paired_bandwidth", "bytes_read"])
+@pytest.mark.parametrize("field", ["tokens_per_s", "gbps", "share_of_paired_bandwidth", "bytes_read", "tflops",
+                                   "share_of_matmul"])
 def test_the_validator_recomputes_each_derived_number(decode_result, field):
     tampered = copy.deepcopy(decode_result)
     tampered["decode"]["rows"][3][field] *= 1.5

@@ -16,7 +16,9 @@ the longest context, fills it with random keys and values, then for each context
 2. times the step (resetting the cache's length before each call, so every call sees the same
    context), in blocks interleaved with blocks of the bandwidth yardstick, a sum over a large tensor;
 3. records the bytes the step must read (the cache up to the context, and the weights), the rate
-   that gives, and its share of the yardstick's rate measured beside it.
+   that gives, and its share of the yardstick's rate measured beside it; and its FLOPs, against the
+   rate of a large matmul sampled through the run: where a K/V head serves many query heads (MQA),
+   the arithmetic per byte read grows until it, not the bytes, sets the step's time.
 
 One step is one token per sequence through one attention layer (no MLP, no other layers), so the
 tokens per second are an upper bound for a model: divide by the layer count for the attention share
@@ -57,6 +59,7 @@ DECODE_KERNELS = {
     "matmul": {"decode_kernel": "matmul"},
 }
 BANDWIDTH_BYTES = 2**29  # 512 MiB: far past any cache level, so the sum reads from memory
+MATMUL_SIZE = 2048  # the square matmul whose rate is the arithmetic yardstick
 
 DECODE_ROW_FIELDS = {
     "model": "`MHA`, `GQA` or `MQA` (`DECODE_MODELS`): which K/V head count.",
@@ -91,6 +94,11 @@ DECODE_ROW_FIELDS = {
                              "interleaved with this row's (median), GB/s.",
     "share_of_paired_bandwidth": "`gbps / bandwidth_gbps_paired`: how close the step comes to reading at "
                                  "the device's rate under the same conditions.",
+    "flops": "The step's useful FLOPs: `2 * batch * parameters` (the projections) plus `4 * batch * num_heads * "
+             "(context + 1) * head_dim` (scores and weighted values).",
+    "tflops": "`flops / step time`, TFLOP/s.",
+    "share_of_matmul": "`tflops / decode.matmul.tflops`: the step's arithmetic rate against the run's matmul rate "
+                       "(a large dense matmul, median of samples).",
 }
 
 
@@ -186,8 +194,10 @@ def run_decode(config=None, progress=True, argv=None, checkpoint=None):
 
     def sample_bandwidth(when):
         rates = bandwidth_rate(device, dtype, config.bandwidth_bytes)
+        rates["matmul_tflops"] = metrics.matmul_rate(device, dtype, MATMUL_SIZE, min_run_time=0.5)["tflops"]
         samples.append({"when": when, **rates})
-        say(f"bandwidth ({when}): read {rates['read_gbps']:.1f} GB/s, copy {rates['copy_gbps']:.1f} GB/s")
+        say(f"bandwidth ({when}): read {rates['read_gbps']:.1f} GB/s, copy {rates['copy_gbps']:.1f} GB/s; "
+            f"matmul {rates['matmul_tflops']:.3f} TFLOP/s")
 
     sample_bandwidth("start")
     yardstick = bandwidth_call(device, dtype, config.bandwidth_bytes)
@@ -206,6 +216,11 @@ def run_decode(config=None, progress=True, argv=None, checkpoint=None):
     result["decode"]["bandwidth"] = {
         "bytes": config.bandwidth_bytes, "statistic": "median of samples", "read_gbps": statistics.median(reads),
         "copy_gbps": statistics.median(sample["copy_gbps"] for sample in samples), "samples": samples}
+    matmul = statistics.median(sample["matmul_tflops"] for sample in samples)
+    result["decode"]["matmul"] = {"size": MATMUL_SIZE, "statistic": "median of samples", "tflops": matmul}
+    for row in result["decode"]["rows"]:
+        if row["tflops"] is not None:
+            row["share_of_matmul"] = row["tflops"] / matmul
     result["complete"] = True
     result["provenance"].update(duration_s=round(time.perf_counter() - started, 1), load_average_end=load_average())
     if checkpoint:
@@ -322,3 +337,6 @@ def _measure_step(config, row, module, cache, x, reference, device, yardstick):
     row["gbps"] = row["bytes_read"] / seconds / 1e9
     row["bandwidth_gbps_paired"] = read_bytes / (timing["paired_ms_median"] * 1e-3) / 1e9
     row["share_of_paired_bandwidth"] = row["gbps"] / row["bandwidth_gbps_paired"]
+    parameters = row["weight_bytes"] // next(module.parameters()).element_size()
+    row["flops"] = 2 * row["batch"] * parameters + 4 * row["batch"] * row["num_heads"] * (context + 1) * row["head_dim"]
+    row["tflops"] = row["flops"] / seconds / 1e12

@@ -486,7 +486,11 @@ def provenance_summary(result):
         lines.append(f"- **Read bandwidth** (a sum over {bandwidth['bytes'] / 2**20:,.0f} MiB, same run): median "
                      f"{bandwidth['read_gbps']:.1f} GB/s of {len(reads)} samples (lowest {min(reads):.1f}, highest "
                      f"{max(reads):.1f}); a copy of the same size: {bandwidth['copy_gbps']:.1f} GB/s counting reads "
-                     f"and writes")
+                     f"and writes. Each row's share is against the read rate timed beside it")
+        matmul = (result.get("decode") or {}).get("matmul")
+        if matmul:
+            lines.append(f"- **Matmul rate** ({matmul['size']}² {result['dtype']}, same run): "
+                         f"{number(matmul['tflops'])} TFLOP/s, median of the samples taken with the bandwidth's")
     rows = result["decode"]["rows"] if "decode" in result else result["rows"]
     measured = [r["cpu_utilization"] for r in rows if r.get("cpu_utilization") is not None]
     if measured:
@@ -1032,7 +1036,11 @@ def validate_decode(section):
             "bytes_read": row["cache_bytes_read"] + row["weight_bytes"],
             "gbps": row["bytes_read"] / seconds / 1e9,
             "share_of_paired_bandwidth": row["gbps"] / row["bandwidth_gbps_paired"],
+            "tflops": row["flops"] / seconds / 1e12,
         }
+        matmul = (section.get("matmul") or {}).get("tflops")
+        if matmul:
+            expected["share_of_matmul"] = row["tflops"] / matmul
         for key, value in expected.items():
             if not isinstance(row[key], (int, float)) or not math.isclose(row[key], value, rel_tol=1e-3):
                 problems.append(f"{where}: {key} {row[key]} does not match its definition ({value:.4g})")
