@@ -87,7 +87,7 @@ class GroupedQueryAttention(nn.Module):
                 keys = keys.repeat_interleave(H // H_kv, dim=1)  # (B, H_kv, S, D) -> (B, H, S, D): head h reads K/V head h // group
                 values = values.repeat_interleave(H // H_kv, dim=1)  # (B, H, S, D)
             context = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=dropout_p,
-                                                     is_causal=is_causal, enable_gqa=H_kv != H)  # (B, H, T, D)
+                                                     is_causal=is_causal, enable_gqa=keys.shape[1] != H)  # (B, H, T, D)
         context = context.transpose(1, 2).reshape(B, T, self.d_out)  # (B, T, H*D)
         return project(self.out, context)  # (B, T, d_out)
 

@@ -1,0 +1,477 @@
+# %% [markdown]
+# # KV cache and decoding
+#
+# A language model generates one token at a time, and token `t + 1` attends to the keys and values
+# of every token before it. Recomputing them at every step would project the whole prefix again;
+# a **KV cache** keeps them, so a step projects only the new token and reads the cache. This page
+# builds decoding on `GroupedQueryAttention` (`attention/causal/gqa.py`, the class of
+# [Grouped-query and multi-query attention](../gqa/)): prefill, one token per step, chunks of
+# several tokens, then the pitfalls, each shown failing and fixed, then the speed of a step,
+# measured. It assumes the [split-heads](../split_heads/) page (the `(B, H, T, D)` layout) and
+# the [masks](../masks/) page (predicates, True = attend).
+#
+# API reference: [`attention.causal.gqa`](../../api/causal/gqa/).
+
+# %%
+import torch
+import torch.nn.functional as F
+
+from attention.causal.gqa import GroupedQueryAttention, KVCache, SlidingWindowKVCache
+from attention.display import show, show_markdown, show_shape, show_table
+from attention.masks import and_masks, attention_sinks, causal, dense_mask, or_masks, sliding_window
+from attention.plotting import plot_masks
+from attention.reference import expand_kv_heads, reference_attention
+
+torch.manual_seed(0)
+d_model, num_heads, num_kv_heads = 64, 8, 2
+module = GroupedQueryAttention(d_model, d_model, 128, 0.0, num_heads, num_kv_heads=num_kv_heads).eval()
+sequence = torch.randn(2, 40, d_model)  # (B, T, C): the tokens a model would feed back one by one
+with torch.no_grad():
+    full = module(sequence)  # the full causal forward pass: what every decoding step must reproduce
+show_shape("sequence", sequence, "(B, T, C)")
+show_shape("full = module(sequence)", full, "(B, T, C)")
+
+# %% [markdown]
+# ## Prefill, then one token per step
+#
+# `module.new_cache(batch_size, capacity)` preallocates keys and values for `capacity` positions,
+# `(B, H_kv, capacity, D)` each, and starts empty (`length` 0). `module(x, cache=cache)` projects
+# `x`, writes its keys and values at positions `length .. length + T - 1`, and attends from its
+# queries over everything cached so far. The cache is for inference, so the calls run under
+# `torch.no_grad()`.
+
+# %%
+cache = module.new_cache(batch_size=2, capacity=64)
+show_shape("cache.keys (preallocated)", cache.keys, "(B, H_kv, capacity, D)")
+prompt_length = 7
+with torch.no_grad():
+    outputs = [module(sequence[:, :prompt_length], cache=cache)]  # prefill: the prompt in one call
+    show_shape(f"prefill output, cache.length = {cache.length}", outputs[0], "(B, T, C)")
+    for t in range(prompt_length, sequence.shape[1]):
+        step = module(sequence[:, t:t + 1], cache=cache)  # one new token per sequence
+        outputs.append(step)
+        if t < prompt_length + 2:
+            show_shape(f"step t={t}: x", sequence[:, t:t + 1], "(B, 1, C)")
+            show_shape(f"        output, cache.length = {cache.length}", step, "(B, 1, C)")
+decoded = torch.cat(outputs, dim=1)  # (B, T, C)
+print(f"max |decoded - full| over all {decoded.shape[1]} positions: {(decoded - full).abs().max().item():.2e}")
+torch.testing.assert_close(decoded, full, atol=2e-5, rtol=1e-4)
+
+# %% [markdown]
+# Inside one step, with one query per sequence: the queries are `(B, H, 1, D)`, the cached keys and
+# values `(B, H_kv, length, D)`, and each group of `H / H_kv` query heads reads one K/V head.
+
+# %%
+q = module.query(sequence[:, :1]).view(2, 1, num_heads, -1).transpose(1, 2)  # (B, 1, H*D) -> (B, H, 1, D)
+show_shape("q (one new token)", q, "(B, H, 1, D)")
+show_shape("cache.keys[:, :, :cache.length]", cache.keys[:, :, :cache.length], "(B, H_kv, S, D)")
+show_shape("scores, per query head", torch.empty(2, num_heads, 1, cache.length), "(B, H, 1, S)")
+
+# %% [markdown]
+# ## Chunked prefill
+#
+# A long prompt can go in chunks (to bound the memory of one call, or to interleave prompts with
+# other sequences' decode steps). A chunk of 5 queries after `L` cached positions sits at positions
+# `L .. L + 4`: query `i` of the chunk attends to keys `0 .. L + i`. `KVCache.update` returns that
+# mask, `(T, L + T)`, and the module gives it to the kernel.
+
+# %%
+chunked_cache = module.new_cache(batch_size=2, capacity=64)
+with torch.no_grad():
+    chunks = [module(sequence[:, start:start + 5], cache=chunked_cache) for start in range(0, 40, 5)]
+chunked = torch.cat(chunks, dim=1)
+print(f"8 chunks of 5: max |chunked - full| = {(chunked - full).abs().max().item():.2e}")
+torch.testing.assert_close(chunked, full, atol=2e-5, rtol=1e-4)
+
+# %% [markdown]
+# ## Pitfall 1: `is_causal=True` aligns the mask to the top left
+#
+# `F.scaled_dot_product_attention(..., is_causal=True)` builds the causal mask as if the queries
+# and the keys both started at position 0: query `i` sees keys `0 .. i`. That is right when the
+# queries are the whole sequence, and wrong as soon as a chunk of `T` queries meets a cache of
+# `S > T` keys: the chunk's queries really sit at the end, `S - T .. S - 1`. Here, 5 queries after
+# 10 cached positions:
+
+# %%
+L, T_chunk = 10, 5
+top_left = torch.ones(T_chunk, L + T_chunk, dtype=torch.bool).tril()  # what is_causal=True means
+query_positions = torch.arange(L, L + T_chunk)
+lower_right = query_positions[:, None] >= torch.arange(L + T_chunk)[None, :]  # what the chunk needs
+show(plot_masks({"is_causal=True (top left): wrong": top_left, "lower right: right": lower_right},
+                ncols=2, title="5 queries over 15 keys"))
+
+# %% [markdown]
+# The wrong mask, run on real keys and values from a cache, against the full forward pass:
+
+# %%
+with torch.no_grad():
+    pitfall_cache = module.new_cache(batch_size=2, capacity=64)
+    module(sequence[:, :L], cache=pitfall_cache)  # 10 positions cached
+    x_chunk = sequence[:, L:L + T_chunk]
+    B, H, H_kv, D = 2, num_heads, num_kv_heads, module.head_dim
+    q = module.query(x_chunk).view(B, T_chunk, H, D).transpose(1, 2)  # (B, H, 5, D)
+    k = module.key(x_chunk).view(B, T_chunk, H_kv, D).transpose(1, 2)  # (B, H_kv, 5, D)
+    v = module.value(x_chunk).view(B, T_chunk, H_kv, D).transpose(1, 2)
+    keys, values, mask = pitfall_cache.update(k, v)  # (B, H_kv, 15, D) each, mask (5, 15)
+    show_shape("q", q, "(B, H, T, D)")
+    show_shape("keys (cache after the chunk)", keys, "(B, H_kv, S, D)")
+    show_shape("mask from KVCache.update", mask, "(T, S)")
+
+    def finish(context):  # (B, H, T, D) -> the module's output (B, T, C)
+        return module.out(context.transpose(1, 2).reshape(B, T_chunk, d_model))
+
+    wrong = finish(F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True))
+    right = finish(F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True))
+expected = full[:, L:L + T_chunk]
+wrong_error, right_error = (wrong - expected).abs().max().item(), (right - expected).abs().max().item()
+show_table("5 queries after 10 cached positions, against the full forward pass", ["mask", "max |error|"],
+           [("is_causal=True (top left)", f"{wrong_error:.3f}"), ("lower-right mask (KVCache.update)", f"{right_error:.1e}")])
+assert wrong_error > 1e-2 and right_error < 1e-4
+torch.testing.assert_close(mask, lower_right)
+
+# %% [markdown]
+# PyTorch also ships the lower-right variant as a mask object,
+# `torch.nn.attention.bias.causal_lower_right(T, S)`, which SDPA accepts in place of a tensor:
+
+# %%
+from torch.nn.attention.bias import causal_lower_right
+
+with torch.no_grad():
+    q_repeated = q  # the bias object takes K/V with the queries' head count
+    keys_repeated = keys.repeat_interleave(H // H_kv, dim=1)  # (B, H, S, D)
+    values_repeated = values.repeat_interleave(H // H_kv, dim=1)
+    via_bias = finish(F.scaled_dot_product_attention(q_repeated, keys_repeated, values_repeated,
+                                                     attn_mask=causal_lower_right(T_chunk, L + T_chunk)))
+print(f"causal_lower_right: max |error| = {(via_bias - expected).abs().max().item():.1e}")
+torch.testing.assert_close(via_bias, expected, atol=2e-5, rtol=1e-4)
+
+# %% [markdown]
+# One query is the extreme case: with `is_causal=True` a single new token would attend to key 0
+# only, since the top-left mask of a `(1, S)` score row keeps its first entry. That is why the
+# module passes no mask at all for one query (it attends to every cached key) and `is_causal=False`
+# whenever a cache is in play.
+
+# %%
+with torch.no_grad():
+    one_cache = module.new_cache(batch_size=2, capacity=64)
+    module(sequence[:, :20], cache=one_cache)
+    x_one = sequence[:, 20:21]
+    q1 = module.query(x_one).view(B, 1, H, D).transpose(1, 2)  # (B, H, 1, D)
+    k1 = module.key(x_one).view(B, 1, H_kv, D).transpose(1, 2)
+    v1 = module.value(x_one).view(B, 1, H_kv, D).transpose(1, 2)
+    keys1, values1, mask1 = one_cache.update(k1, v1)  # mask1 is None: one query sees every key
+    one_wrong = module.out(F.scaled_dot_product_attention(q1, keys1, values1, is_causal=True, enable_gqa=True)
+                           .transpose(1, 2).reshape(B, 1, d_model))
+print(f"mask for one query: {mask1}; is_causal=True for one query: max |error| = "
+      f"{(one_wrong - full[:, 20:21]).abs().max().item():.3f}")
+
+# %% [markdown]
+# ## Pitfall 2: past capacity
+#
+# A full cache refuses a chunk that does not fit, with a clear error, and stays as it was: a
+# failed call must not leave half a chunk written.
+
+# %%
+small = module.new_cache(batch_size=2, capacity=10)
+with torch.no_grad():
+    module(sequence[:, :8], cache=small)
+    keys_before = small.keys.clone()
+    try:
+        module(sequence[:, 8:11], cache=small)
+    except ValueError as error:
+        print(f"ValueError: {error}")
+print(f"cache.length after the refused call: {small.length}; keys unchanged: {torch.equal(small.keys, keys_before)}")
+
+# %% [markdown]
+# ## Pitfall 3: a cache that must stay bounded
+#
+# A full cache grows with the sequence. Models trained with a sliding window (Mistral 7B's 4,096
+# keys; [sliding_window](../masks/) on the masks page) only ever attend to the last `w` positions,
+# so their cache can be a **ring buffer** of `w` slots: position `p` goes to slot `p mod w`,
+# overwriting the position that just left the window. `new_cache(batch_size, window=w)` makes one.
+# Which position each slot holds, step by step (window 6, 14 tokens):
+
+# %%
+window = 6
+ring = module.new_cache(batch_size=1, window=window)
+slot_history = []
+with torch.no_grad():
+    for t in range(14):
+        module(sequence[:1, t:t + 1], cache=ring)
+        slot_history.append(ring.positions.tolist())
+show_table("Slot contents after each step (sliding window of 6, no sinks; -1 = empty)",
+           ["after token"] + [f"slot {slot}" for slot in range(window)],
+           [(t, *slots) for t, slots in enumerate(slot_history)])
+
+# %% [markdown]
+# Its memory stays the same however long the sequence, where a full cache grows with it:
+
+# %%
+rows = []
+for length in (8, 16, 32, 40):
+    bounded = module.new_cache(batch_size=2, window=window)
+    with torch.no_grad():
+        for start in range(0, length, 8):
+            module(sequence[:, start:start + 8], cache=bounded)
+    rows.append((length, bounded.length, f"{bounded.nbytes:,}", f"{module.new_cache(2, length).nbytes:,}"))
+show_table("Bytes held after `length` tokens", ["tokens", "cache.length", "sliding window (6)", "full cache"], rows)
+
+# %% [markdown]
+# Its outputs equal the full forward pass under the `sliding_window(6)` mask, one token at a time
+# and in chunks (a chunk's early queries still need keys its later positions would evict, so a
+# chunk attends over the ring and its own keys before it is written):
+
+# %%
+state = expand_kv_heads(module.canonical_state_dict(), num_heads)  # K/V heads repeated: a multi-head state
+window_mask = dense_mask(sliding_window(window), 40, 40)  # (T, T), True = attend
+expected_window, _ = reference_attention(sequence, sequence, sequence, state, num_heads, mask=window_mask)
+rows = []
+for chunk in (1, 5, 13):
+    ring = module.new_cache(batch_size=2, window=window)
+    with torch.no_grad():
+        out = torch.cat([module(sequence[:, s:s + chunk], cache=ring) for s in range(0, 40, chunk)], dim=1)
+    error = (out.double() - expected_window).abs().max().item()
+    rows.append((chunk, f"{error:.1e}"))
+    assert error < 1e-4
+show_table("Sliding-window cache against the float64 reference with the sliding_window(6) mask",
+           ["tokens per call", "max |error|"], rows)
+
+# %% [markdown]
+# **Attention sinks.** Dropping the first tokens hurts: models put a large share of attention on
+# them whatever they say, and a window that has moved past them degrades generation. StreamingLLM
+# (Xiao et al., 2023, <https://arxiv.org/abs/2309.17453>) keeps the first `s` tokens (the sinks)
+# for good, plus the window: `new_cache(batch_size, window=w, sinks=s)`. The matching mask, built
+# from `attention.masks` combinators:
+
+# %%
+sinks = 2
+sink_pattern = or_masks(sliding_window(window), and_masks(causal, attention_sinks(sinks)))
+show(plot_masks({"sliding_window(6)": sliding_window(window), "attention_sinks(2), causal":
+                 and_masks(causal, attention_sinks(sinks)), "window or sinks": sink_pattern}, q_len=16,
+                title="A sliding window with attention sinks"))
+expected_sinks, _ = reference_attention(sequence, sequence, sequence, state, num_heads,
+                                        mask=dense_mask(sink_pattern, 40, 40))
+sink_cache = module.new_cache(batch_size=2, window=window, sinks=sinks)
+with torch.no_grad():
+    out = torch.cat([module(sequence[:, t:t + 1], cache=sink_cache) for t in range(40)], dim=1)
+print(f"sinks + window, one token per call: max |error| = {(out.double() - expected_sinks).abs().max().item():.1e}; "
+      f"slots: {sink_cache.keys.shape[2]} (2 sinks + 6), positions held: {sink_cache.positions.tolist()}")
+torch.testing.assert_close(out.double(), expected_sinks, atol=2e-5, rtol=1e-4)
+
+# %% [markdown]
+# ## Pitfall 4: gradients
+#
+# A cache is written in place at every call, which autograd cannot differentiate through across
+# steps. The module refuses a cache while gradients are on, instead of failing later in `backward`:
+
+# %%
+try:
+    module(sequence[:, :4], cache=module.new_cache(2, 8))
+except ValueError as error:
+    print(f"ValueError: {error}")
+
+# %% [markdown]
+# ## Cache memory and K/V heads
+#
+# The cache holds `2 * H_kv * D` numbers per position and sequence (keys and values): fewer K/V
+# heads, a smaller cache, in proportion. At this page's size, for 1,000 positions of 2 sequences:
+
+# %%
+rows = []
+for label, kv in (("MHA", 8), ("GQA", 2), ("MQA", 1)):
+    sized = GroupedQueryAttention(d_model, d_model, 1000, 0.0, num_heads, num_kv_heads=kv)
+    cache_bytes = sized.new_cache(2, 1000).nbytes
+    assert cache_bytes == 2 * 2 * kv * sized.head_dim * 1000 * 4  # K and V, B = 2, float32
+    rows.append((label, kv, f"{cache_bytes:,}"))
+show_table("KVCache.nbytes, B = 2, 1,000 positions, 8 query heads of 8, float32", ["model", "K/V heads", "bytes"], rows)
+show_markdown("For real models (Llama, Mistral, Qwen, Gemma) at their published sizes: "
+              "[Grouped-query and multi-query attention](../gqa/#why-it-matters-the-kv-cache).")
+
+# %% [markdown]
+# ## Decode speed, measured
+#
+# A decode step projects one token, then reads the whole cache to attend over it: for every
+# cached number it reads, it does about two floating-point operations. No device computes that
+# slowly, so the step waits on memory, and its ceiling is the rate at which the device reads
+# memory, not its matmul rate. The benchmark's decode profile measures exactly that, on any device:
+#
+# ```bash
+# python -m attention.bench --profile decode --out docs/results/decode/cpu-decode-float32.json
+# ```
+#
+# It times one step of one attention layer at a Llama-like size (32 query heads of 128) with
+# 32 (MHA), 4 (GQA, 8 query heads per K/V head) and 1 (MQA) K/V heads, batch 1 and 8, over
+# caches of 1,024 to 32,768 positions, each step checked against a float64 reference; and beside
+# each row, a sum over 512 MiB gives the read bandwidth of the same moment. Tokens per second are
+# for this one layer: a model's step runs every layer (and its MLPs), so divide accordingly. The
+# recorded run:
+
+# %% tags=["hide-input"]
+from attention.bench import render
+
+decode_runs = render.find_results(render.RESULTS_DIR / "decode")
+decode_result = render.load_result(decode_runs[0])
+show_markdown(f"`docs/results/decode/{decode_runs[0].name}`: {decode_result['provenance']['device']['name']}, "
+              f"{decode_result['dtype']}, recorded {decode_result['provenance']['date_utc'][:10]}"
+              + (" (the code has changed since)" if render.is_stale(decode_result) else "") + ".")
+show_markdown(render.decode_summary_table(decode_result, contexts=[1024, 8192, 16384, 32768]))
+show(render.plot_decode(decode_result, "tokens_per_s"))
+show(render.plot_decode(decode_result, "share_of_paired_bandwidth"))
+
+# %% [markdown]
+# What the run says, read from its rows:
+
+# %% tags=["hide-input"]
+def best(model, batch, context):
+    return render.decode_best(decode_result, model, batch, context)
+
+
+def row_of(model, kernel, batch, context):
+    rows = render.decode_rows(decode_result, batch=batch, model=model, kernel=kernel, context=context)
+    return rows[0] if rows else None
+
+
+lines = []
+context = 16384
+fastest = max((best(model, 1, context) for model in ("MHA", "GQA", "MQA")), key=lambda row: row["tokens_per_s"])
+lines.append(f"- At a {context:,}-position context and batch 1, the fastest step is {fastest['model']}'s with the "
+             f"`{fastest['kernel']}` kernel: {fastest['tokens_per_s']:,.0f} tokens/s, reading "
+             f"{fastest['gbps']:.1f} GB/s, {fastest['share_of_paired_bandwidth']:.0%} of the read bandwidth measured "
+             f"beside it.")
+mha, gqa, mqa = (best(model, 1, context) for model in ("MHA", "GQA", "MQA"))
+lines.append(f"- GQA reads {mha['cache_bytes_per_token'] // gqa['cache_bytes_per_token']}x less cache per token than "
+             f"MHA and runs {gqa['tokens_per_s'] / mha['tokens_per_s']:.1f}x as many tokens/s; MQA "
+             f"{mha['cache_bytes_per_token'] // mqa['cache_bytes_per_token']}x less and "
+             f"{mqa['tokens_per_s'] / mha['tokens_per_s']:.1f}x: the weights, read at every step too, do not shrink.")
+for model in ("GQA", "MQA"):
+    sdpa, matmul = row_of(model, "sdpa", 1, context), row_of(model, "matmul", 1, context)
+    if sdpa and matmul:
+        lines.append(f"- {model} through SDPA: {sdpa['tokens_per_s']:,.0f} tokens/s "
+                     f"({sdpa['share_of_paired_bandwidth']:.0%} of the bandwidth); through the grouped matmuls: "
+                     f"{matmul['tokens_per_s']:,.0f} ({matmul['share_of_paired_bandwidth']:.0%}).")
+for model in ("MHA", "GQA", "MQA"):
+    one, eight = best(model, 1, context), best(model, 8, context)
+    if one and eight:
+        lines.append(f"- Batch 8 against batch 1, {model}: {eight['tokens_per_s'] / one['tokens_per_s']:.1f}x the "
+                     f"tokens/s (the weights are read once for 8 tokens; each sequence's cache is its own).")
+show_markdown("\n".join(lines))
+
+# %% [markdown]
+# ## Why SDPA's step reads far below the bandwidth on this CPU
+#
+# Three measurements, made while this page was built, on the machine that built it (so they move
+# with that machine; the recorded run above is the reference). First, the attention alone: one
+# query per head over an 8,192-position cache, batch 1, 32 query heads of 128. Three kernels: SDPA
+# with `enable_gqa=True`; SDPA over K/V heads repeated to 32 beforehand (an MHA-sized read, the
+# copy not timed); and the grouped matmuls of `grouped_decode_attention`. GB/s counts the bytes of
+# the cache the step must read (the compact one); GFLOP/s counts `4 * H * S * D`, the same for all.
+
+# %% tags=["hide-input"]
+import torch.nn.functional as F
+
+from attention.bench import metrics
+from attention.bench.decode import bandwidth_call
+from attention.causal.gqa import grouped_decode_attention, row_split_linear
+
+cpu = torch.device("cpu")
+read_call, read_bytes = bandwidth_call(cpu, torch.float32)
+matmul_tflops = metrics.matmul_rate(cpu, torch.float32, 2048, min_run_time=0.3)["tflops"]
+
+
+def gbps(call, nbytes):
+    """Bytes read per second of `call`, with the read bandwidth measured in blocks beside it (both GB/s)."""
+    timing = metrics.time_callable(call, cpu, min_run_time=0.3, min_repeats=5, warmup_time=0.05, paired=read_call)
+    return (nbytes / (timing["ms_median"] * 1e-3) / 1e9, read_bytes / (timing["paired_ms_median"] * 1e-3) / 1e9,
+            timing["ms_median"])
+
+
+generator = torch.Generator().manual_seed(0)
+rows, times = [], {}
+context_length, flops = 8192, 4 * 32 * 8192 * 128
+for name, kv_heads in (("MHA", 32), ("GQA", 4), ("MQA", 1)):
+    q = torch.randn(1, 32, 1, 128, generator=generator)
+    k, v = (torch.randn(1, kv_heads, context_length, 128, generator=generator) for _ in range(2))
+    k_repeated, v_repeated = (t.repeat_interleave(32 // kv_heads, dim=1) for t in (k, v))  # (1, 32, S, D)
+    cache_bytes = k.nbytes + v.nbytes
+    kernels = {
+        "SDPA, enable_gqa": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=kv_heads != 32),
+        "SDPA, K/V repeated to 32 heads": lambda: F.scaled_dot_product_attention(q, k_repeated, v_repeated),
+        "grouped matmuls": lambda: grouped_decode_attention(q, k, v),
+    }
+    torch.testing.assert_close(kernels["grouped matmuls"](), kernels["SDPA, enable_gqa"](), atol=1e-5, rtol=1e-4)
+    for kernel, call in kernels.items():
+        rate, bandwidth, ms = gbps(call, cache_bytes)
+        times[name, kernel] = ms
+        rows.append((name, kernel, f"{cache_bytes / 2**20:,.0f} MiB", f"{ms:.2f}", f"{rate:.1f}",
+                     f"{rate / bandwidth:.0%}", f"{flops / ms / 1e6:.0f}", f"{flops / ms / 1e9 / matmul_tflops:.0%}"))
+show_table("Attention over an 8,192-position float32 cache, batch 1, 32 query heads (measured at build time)",
+           ["model", "kernel", "cache to read", "ms", "GB/s", "% of read bandwidth", "GFLOP/s", "% of matmul rate"],
+           rows)
+sdpa, grouped = "SDPA, enable_gqa", "grouped matmuls"
+show_markdown(
+    f"GQA's cache is 8x smaller than MHA's and MQA's 32x. With `enable_gqa=True`, SDPA's time falls "
+    f"{times['MHA', sdpa] / times['GQA', sdpa]:.1f}x and {times['MHA', sdpa] / times['MQA', sdpa]:.1f}x; "
+    f"the grouped matmuls' falls {times['MHA', grouped] / times['GQA', grouped]:.1f}x and "
+    f"{times['MHA', grouped] / times['MQA', grouped]:.1f}x. The large-matmul rate of this build's machine: "
+    f"{matmul_tflops * 1e3:.0f} GFLOP/s.")
+
+# %% [markdown]
+# SDPA's CPU kernel (`aten::_scaled_dot_product_flash_attention_for_cpu`) splits its work over
+# batch, query heads and blocks of queries, and each piece streams all the keys and values of its
+# K/V head. With `enable_gqa=True` it maps query head `h` to K/V head `h // group` without a copy,
+# but it still streams that K/V head once per query head, `group` times in all: what it saves is
+# the copy, not the reading (where a K/V head fits in the CPU's caches, the repeats come from
+# there, so it gains something). The grouped matmuls put a K/V head's whole group of queries in
+# one product, `k @ qᵀ` of `(S, D) @ (D, group)`, so each cached key leaves memory once for all
+# the queries that need it. Then the arithmetic per byte grows with the group: a step's FLOPs do
+# not shrink with the K/V heads, only its bytes do, so with 8 or 32 query heads per K/V head the
+# step is held back by arithmetic (see its share of the matmul rate) more than by reading.
+#
+# Second, the projections. At batch 1 each of the four projections is a matrix-vector product:
+# every weight read once for two operations, bound by memory like the cache. The CPU BLAS behind
+# `F.linear` runs a matrix-vector product on one thread, so it reads memory at one core's rate;
+# `row_split_linear` splits the weight's rows into 8 blocks and runs them as one batched product,
+# which `torch.bmm` spreads over every thread. One 4096 x 4096 float32 weight:
+
+# %% tags=["hide-input"]
+layer = torch.nn.Linear(4096, 4096).requires_grad_(False)
+x_row = torch.randn(1, 1, 4096, generator=generator)
+weight_bytes = layer.weight.nbytes + layer.bias.nbytes
+torch.testing.assert_close(row_split_linear(layer, x_row), layer(x_row), atol=1e-4, rtol=1e-4)
+threads = torch.get_num_threads()
+rows = []
+for label, call, thread_count in (("F.linear", lambda: layer(x_row), threads),
+                                  ("F.linear", lambda: layer(x_row), 1),
+                                  ("row_split_linear (8 blocks, torch.bmm)", lambda: row_split_linear(layer, x_row), threads)):
+    torch.set_num_threads(thread_count)
+    rate, bandwidth, ms = gbps(call, weight_bytes)
+    rows.append((label, thread_count, f"{ms:.2f}", f"{rate:.1f}", f"{rate / bandwidth:.0%}"))
+torch.set_num_threads(threads)
+show_table("One row through a 4096 x 4096 float32 projection (measured at build time); the bandwidth is measured "
+           "with the same thread count", ["kernel", "torch threads", "ms", "GB/s", "% of read bandwidth"], rows)
+
+# %% [markdown]
+# With one thread or all of them, `F.linear` takes about the same time: the work never left one
+# core. Third, a trap met on the way: `torch.bmm` over the same blocks, with the input column given
+# as a `(8, in, 1)` tensor of strides `(0, 1, 1)` instead of the transposed row's `(0, 1, in)`,
+# computes the same numbers at a very different speed (the BLAS call it ends up in depends on the
+# strides):
+
+# %% tags=["hide-input"]
+blocks = layer.weight.view(8, 512, 4096)  # (chunks, out/chunks, in)
+column_from_reshape = x_row.reshape(1, 4096, 1).expand(8, 4096, 1)  # strides (0, 1, 1)
+column_from_transpose = x_row.reshape(1, 4096).T.unsqueeze(0).expand(8, 4096, 1)  # strides (0, 1, 4096)
+torch.testing.assert_close(torch.bmm(blocks, column_from_reshape), torch.bmm(blocks, column_from_transpose))
+rows = []
+for label, column in (("reshape, then expand", column_from_reshape), ("transpose the row, then expand", column_from_transpose)):
+    rate, bandwidth, ms = gbps(lambda: torch.bmm(blocks, column), layer.weight.nbytes)
+    rows.append((label, str(column.stride()), f"{ms:.2f}", f"{rate:.1f}", f"{rate / bandwidth:.0%}"))
+show_table("torch.bmm of the 8 weight blocks with one input column, two layouts of the same column "
+           "(measured at build time)", ["column made by", "strides", "ms", "GB/s", "% of read bandwidth"], rows)
+
+# %% [markdown]
+# So the `matmul` decode kernel (`decode_kernel="matmul"`, what `"auto"` picks on CPU) is those
+# two changes: the grouped matmuls for the attention, and, for a single token, the row-split
+# projections. The recorded run above shows what they give at every context and batch size; at
+# batch 8 the projections are matrix products of 8 rows and no longer single-threaded, but they
+# are not at the bandwidth either, which is where the batch-8 shares come from.
