@@ -20,7 +20,8 @@
 # 1. Build each class as `cls(d_in=32, d_out=32, context_length=16, dropout=0.0, num_heads=4)`,
 #    load one shared set of weights (the
 #    [canonical state dict](../../glossary/#canonical-state-dict): `query`, `key`, `value` and
-#    `out` weights and biases, which each class maps onto its own layout), and cast it to the dtype.
+#    `out` weights and biases, which each class maps onto its own layout; grouped-query classes,
+#    with fewer key/value heads, take the first of them), and cast it to the dtype.
 # 2. Run it on a random `(B=2, T=16, 32)` input, and back-propagate a random output gradient `G`
 #    (the loss is `sum(out * G)`).
 # 3. Compute the same in float64 with `reference_causal_self_attention`, from the weights and
@@ -42,8 +43,9 @@ import torch
 import torch.nn.functional as F
 
 from attention import IMPLEMENTATIONS
+from attention.bench.harness import kv_heads_state
 from attention.display import show_markdown, show_table
-from attention.reference import reference_causal_self_attention
+from attention.reference import expand_kv_heads, reference_causal_self_attention
 
 torch.manual_seed(0)
 B, T, C, H = 2, 16, 32, 4
@@ -61,11 +63,12 @@ SELECTORS = {
 def reference_and_gradients(x, state, position_encoding, grad_out):
     """Float64 reference output and its gradients w.r.t. `x` and every canonical weight."""
     weights = {name: tensor.detach().double().requires_grad_() for name, tensor in state.items()}
+    expanded = expand_kv_heads(weights, H)  # grouped-query K/V: each K/V head repeated for its group
     x64 = x.detach().double().requires_grad_()
 
     def project(name):
-        y = x64 @ weights[f"{name}.weight"].T  # (B, T, C)
-        return y + weights[f"{name}.bias"] if f"{name}.bias" in weights else y
+        y = x64 @ expanded[f"{name}.weight"].T  # (B, T, C)
+        return y + expanded[f"{name}.bias"] if f"{name}.bias" in expanded else y
 
     stacked = torch.cat([project("query"), project("key"), project("value")], dim=-1)  # (B, T, 3C)
     context, _ = reference_causal_self_attention(stacked, SELECTORS, H, position_encoding)  # (B, T, C)
@@ -113,12 +116,14 @@ assert max_error(stacked, direct) < 1e-12
 # %%
 results, notes = {}, []  # results[name, dtype]: max |error| of (out, dL/dx, dL/dW)
 means, outputs = {}, {}  # the mean |error| of the same three; each output, for the bfloat16 section
+kv_heads = {}  # K/V heads per class: grouped-query classes take the first ones of the shared weights
 for name, cls in IMPLEMENTATIONS.items():
     for dtype in DTYPES:
         label = str(dtype).removeprefix("torch.")
         try:
             module = cls(C, C, T, 0.0, H).train(False)
-            module.load_canonical_state_dict(state)
+            kv_heads[name] = getattr(module, "num_kv_heads", H)
+            module.load_canonical_state_dict(kv_heads_state(state, H, kv_heads[name]))
             module = module.to(dtype)
             x_in = x.to(dtype).clone().requires_grad_()  # a fresh leaf per run
             g = grad_out.to(dtype)
@@ -213,7 +218,7 @@ print("max |out error| and the output element where it occurs:")
 print(f"  shared bfloat16 steps around an exact core: {largest_error(shared_steps_out)[0]:.2e} at element "
       f"{largest_error(shared_steps_out)[1]}")
 for name, cls in IMPLEMENTATIONS.items():
-    if cls.position_encoding is None and (name, "bfloat16") in outputs:
+    if cls.position_encoding is None and kv_heads.get(name) == H and (name, "bfloat16") in outputs:
         error, index = largest_error(outputs[name, "bfloat16"])
         print(f"  {name:<40} {error:.2e} at element {index}")
 
@@ -238,7 +243,8 @@ for name, cls in IMPLEMENTATIONS.items():
     if (name, "bfloat16") not in means:
         continue
     out = outputs[name, "bfloat16"]
-    comparable = baseline is not None and cls.position_encoding is None  # the same function as split_heads
+    # the same function as split_heads: no position encoding, and every K/V head of the shared weights
+    comparable = baseline is not None and cls.position_encoding is None and kv_heads.get(name) == H
     same = f"{(out == baseline).sum().item()} of {out.numel()}" if comparable else "—"
     rows.append([f"`{name}`", cls.position_encoding or "none", *(f"{value:.2e}" for value in means[name, "bfloat16"]), same])
 show_table("bfloat16: mean |error| against the float64 reference",

@@ -470,8 +470,8 @@ show_table("torch.bmm of the 8 weight blocks with one input column, two layouts 
            "(measured at build time)", ["column made by", "strides", "ms", "GB/s", "% of read bandwidth"], rows)
 
 # %% [markdown]
-# So the `matmul` decode kernel (`decode_kernel="matmul"`, what `"auto"` picks on CPU) is those
-# two changes: the grouped matmuls for the attention, and, for a single token, the row-split
-# projections. The recorded run above shows what they give at every context and batch size; at
-# batch 8 the projections are matrix products of 8 rows and no longer single-threaded, but they
-# are not at the bandwidth either, which is where the batch-8 shares come from.
+# So the `matmul` decode kernel (`decode_kernel="matmul"`; `"auto"` picks it on CPU for calls of
+# at most `AUTO_MATMUL_MAX_TOKENS` new tokens) is those two changes: the grouped matmuls for the
+# attention and, for a single token, the row-split projections. At batch 8 the projections are
+# products of 8 rows, which `row_split_linear` leaves to the BLAS as they are; the recorded run
+# above shows what each kernel gives at every context and batch size.

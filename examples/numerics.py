@@ -8,9 +8,10 @@
 # implementations of the earlier pages, from [stacked heads](../stacked_heads/) to
 # [FlexAttention](../flex/).
 #
-# Every implementation in `attention.IMPLEMENTATIONS` gets the same weights (rounded to the dtype)
-# and the same input; the reference computes the same attention in float64 from those rounded
-# values, so the error below is the arithmetic alone. Computed on the machine that builds the
+# Every implementation in `attention.IMPLEMENTATIONS` gets the same weights (rounded to the dtype;
+# grouped-query classes take the first of the shared key/value heads) and the same input; the
+# reference computes the same attention in float64 from those rounded values, so the error below
+# is the arithmetic alone. Computed on the machine that builds the
 # documentation (a CPU here); a GPU's kernels differ.
 #
 # ## Method
@@ -32,6 +33,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attention import IMPLEMENTATIONS
 from attention.bench import render
+from attention.bench.harness import kv_heads_state
 from attention.display import show, show_markdown, show_table
 from attention.plotting import plot_heatmaps
 from attention.reference import reference_causal_self_attention
@@ -45,28 +47,32 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 state = IMPLEMENTATIONS["split_heads"](C, C, max(LENGTHS), 0.0, H).canonical_state_dict()
 inputs = {T: torch.randn(1, T, C) for T in LENGTHS}
 errors, notes, scale = {}, [], {}  # errors[dtype name][implementation] = [error per length]
-floor = {}  # floor[dtype name][T, position_encoding] = max |reference rounded to the dtype - reference|
+floor = {}  # floor[dtype name][T, position_encoding, K/V heads] = max |reference rounded to the dtype - reference|
+kv_heads_of = {}  # K/V heads per class: grouped-query classes take the first K/V heads of the shared weights
 
 for dtype_name, dtype in DTYPES.items():
     rounded_state = {key: value.to(dtype) for key, value in state.items()}
-    references = {}  # (T, position_encoding) -> float64 output
+    references = {}  # (T, position_encoding, K/V heads) -> float64 output
     for name, cls in IMPLEMENTATIONS.items():
         try:
             module = cls(C, C, max(LENGTHS), 0.0, H).eval()
-            module.load_canonical_state_dict(state)
+            kv_heads = kv_heads_of[name] = getattr(module, "num_kv_heads", H)
+            module.load_canonical_state_dict(kv_heads_state(state, H, kv_heads))
             module = module.to(dtype)
             row = []
             for T in LENGTHS:
                 x = inputs[T].to(dtype)
-                key = (T, cls.position_encoding)
-                if key not in references:
-                    references[key], _ = reference_causal_self_attention(x, rounded_state, H, cls.position_encoding)
-                    scale[T] = max(scale.get(T, 0.0), references[key].abs().max().item())
-                    rounding = (references[key].to(dtype).double() - references[key]).abs().max().item()
-                    floor.setdefault(dtype_name, {})[key] = rounding
+                reference_key = (T, cls.position_encoding, kv_heads)
+                if reference_key not in references:
+                    references[reference_key], _ = reference_causal_self_attention(
+                        x, kv_heads_state(rounded_state, H, kv_heads), H, cls.position_encoding)
+                    reference = references[reference_key]
+                    scale[T] = max(scale.get(T, 0.0), reference.abs().max().item())
+                    rounding = (reference.to(dtype).double() - reference).abs().max().item()
+                    floor.setdefault(dtype_name, {})[reference_key] = rounding
                 with torch.no_grad():
                     out = module(x)
-                row.append((out.double() - references[key]).abs().max().item())
+                row.append((out.double() - references[reference_key]).abs().max().item())
             errors.setdefault(dtype_name, {})[name] = row
         except Exception as error:  # noqa: BLE001 -- a class that cannot run a dtype gets a note
             notes.append(f"{name}, {dtype_name}: {type(error).__name__}: {str(error).splitlines()[0][:200]}")
@@ -83,7 +89,8 @@ for note in notes:
 
 # %% tags=["hide-input"]
 names = list(IMPLEMENTATIONS)
-ratios = {dtype_name: [[by_implementation[name][i] / floor[dtype_name][T, IMPLEMENTATIONS[name].position_encoding]
+ratios = {dtype_name: [[by_implementation[name][i] / floor[dtype_name][T, IMPLEMENTATIONS[name].position_encoding,
+                                                                         kv_heads_of[name]]
                         if name in by_implementation else math.nan for i, T in enumerate(LENGTHS)] for name in names]
           for dtype_name, by_implementation in errors.items()}
 measured = [value for table in ratios.values() for row in table for value in row if not math.isnan(value)]
@@ -101,9 +108,10 @@ show(fig, alt=f"Heat maps, one per dtype ({', '.join(ratios)}): one row per impl
 # %% tags=["hide-input"]
 for dtype_name, by_implementation in errors.items():
     rows = [[f"`{name}`", *(f"{e:.1e}" for e in row)] for name, row in by_implementation.items()]
-    for encoding in sorted({key[1] for key in floor[dtype_name]}, key=str):
-        rows.append([f"floor ({encoding or 'no'} position encoding)",
-                     *(f"{floor[dtype_name][T, encoding]:.1e}" for T in LENGTHS)])
+    for encoding, kv_heads in sorted({key[1:] for key in floor[dtype_name]}, key=str):
+        heads = "" if kv_heads == H else f", {kv_heads} K/V heads"
+        rows.append([f"floor ({encoding or 'no'} position encoding{heads})",
+                     *(f"{floor[dtype_name][T, encoding, kv_heads]:.1e}" for T in LENGTHS)])
     show_table(f"{dtype_name}: max |out - reference|", ["implementation", *(f"T={T}" for T in LENGTHS)], rows)
 print("largest |reference output| per length:", {T: round(value, 2) for T, value in scale.items()})
 print("unit roundoff (half the gap between 1 and the next number): "
@@ -199,7 +207,10 @@ print(f"inputs x {factor:.0f}; largest finite float16: {FP16_MAX:.0f}; largest |
       f"after the 1/sqrt(D) scaling: {largest_scaled_score:.0f}; float16 numbers there are "
       f"{2.0 ** (math.floor(math.log2(largest_scaled_score)) - 10):.0f} apart")
 overflow_outputs, overflow_errors = {}, {}  # per implementation: (B, T, C) output; (B, T) largest error per position
-for name, cls in IMPLEMENTATIONS.items():
+tied_classes = {name: cls for name, cls in IMPLEMENTATIONS.items() if kv_heads_of[name] == H}
+print("left out (grouped K/V heads: the key projection cannot equal the query projection):",
+      ", ".join(name for name in IMPLEMENTATIONS if name not in tied_classes))
+for name, cls in tied_classes.items():
     module = cls(C, C, T, 0.0, H).eval()
     module.load_canonical_state_dict(tied)
     module = module.half()

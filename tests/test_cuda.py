@@ -98,3 +98,33 @@ def test_long_profile_runs_on_cuda():
     assert all(r["status"] == "ok" and r["correct"] is True for r in result["rows"])
     sparse = render.block_sparse_rows(result)
     assert len(sparse) == 4 * 2 * 2 and all(r["status"] == "ok" and r["correct"] is True for r in sparse)
+
+
+@pytest.mark.parametrize("decode_kernel", ["auto", "sdpa", "matmul"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cuda_decoding_with_a_cache_equals_the_full_forward(decode_kernel, dtype):
+    from attention.causal.gqa import GroupedQueryAttention
+
+    torch.manual_seed(0)
+    module = GroupedQueryAttention(64, 64, 128, 0.0, 8, num_kv_heads=2, decode_kernel=decode_kernel)
+    module = module.to("cuda", dtype).eval()
+    x = torch.randn(2, 40, 64, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        full = module(x)
+        cache = module.new_cache(2, 40)
+        assert cache.keys.device.type == "cuda" and cache.keys.dtype == dtype
+        steps = [module(x[:, :7], cache=cache)] + [module(x[:, t:t + 1], cache=cache) for t in range(7, 40)]
+        window = module.new_cache(2, window=8, sinks=2)
+        for t in range(40):
+            module(x[:, t:t + 1], cache=window)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, **tolerance("cuda", dtype))
+
+
+def test_decode_profile_runs_on_cuda():
+    from attention.bench import render
+    from attention.bench.decode import DecodeConfig, run_decode
+
+    result = run_decode(DecodeConfig(device="cuda", num_heads=8, head_dim=64, contexts=(256, 1024), batches=(1, 2),
+                                     min_run_time=0.05, min_repeats=2, warmup_time=0.0), progress=False)
+    assert render.validate_result(result) == []
+    assert all(row["status"] == "ok" and row["correct"] for row in result["decode"]["rows"])

@@ -84,6 +84,10 @@ def test_the_auto_kernel_runs_the_grouped_matmuls_on_cpu(monkeypatch):
         assert calls == [1]
         module(torch.randn(1, 3, 32))  # no cache: SDPA
         assert calls == [1]
+        module(torch.randn(1, gqa.AUTO_MATMUL_MAX_TOKENS + 1, 32), cache=module.new_cache(1, 64))  # a prefill: SDPA
+        assert calls == [1]
+        module(torch.randn(1, gqa.AUTO_MATMUL_MAX_TOKENS, 32), cache=module.new_cache(1, 64))
+        assert calls == [1, 1]
 
 
 TOY = dict(device="cpu", num_heads=8, head_dim=16, contexts=(64, 128), batches=(1, 2), min_run_time=0.02,

@@ -20,6 +20,9 @@ from torch import nn
 
 KV_STRATEGIES = ("enable_gqa", "repeat")
 DECODE_KERNELS = ("auto", "sdpa", "matmul")
+# decode_kernel="auto" takes the grouped matmuls for calls of at most this many new tokens (decode steps,
+# short chunks); a longer chunk is a prefill, whose (S, group * T) scores SDPA never writes out.
+AUTO_MATMUL_MAX_TOKENS = 16
 
 
 class GroupedQueryAttention(nn.Module):
@@ -36,9 +39,10 @@ class GroupedQueryAttention(nn.Module):
             PyTorch >= 2.5: the kernel maps each query head to its K/V head without copying) or
             `"repeat"` (copy each K/V head `num_heads // num_kv_heads` times, then plain SDPA).
         decode_kernel: what attends over a cache: `"sdpa"`, `"matmul"` (`grouped_decode_attention`: two
-            matmuls that read each cached K/V head once for its whole group of query heads) or `"auto"`
-            (`"matmul"` on CPU, where SDPA's kernel reads the cache once per query head, else `"sdpa"`).
-            Without a cache, SDPA runs.
+            matmuls that read each cached K/V head once for its whole group of query heads; they write
+            out the `(S, group * T)` scores, so they suit few new tokens) or `"auto"` (`"matmul"` on CPU
+            for calls of at most `AUTO_MATMUL_MAX_TOKENS` new tokens, where SDPA's kernel reads the
+            cache once per query head; `"sdpa"` otherwise). Without a cache, SDPA runs.
     """
 
     position_encoding = None
@@ -66,7 +70,7 @@ class GroupedQueryAttention(nn.Module):
         B, T, C = x.shape
         H, H_kv, D = self.num_heads, self.num_kv_heads, self.head_dim
         grouped_matmuls = cache is not None and (self.decode_kernel == "matmul" or (
-            self.decode_kernel == "auto" and x.device.type == "cpu"))
+            self.decode_kernel == "auto" and x.device.type == "cpu" and T <= AUTO_MATMUL_MAX_TOKENS))
         # One token of one sequence: each projection is a matrix-vector product, which the CPU's BLAS runs on
         # one thread; split into a batch of them (`row_split_linear`), it reads the weights on every core.
         project = row_split_linear if grouped_matmuls and B * T == 1 else (lambda layer, inputs: layer(inputs))
