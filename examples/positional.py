@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from attention import IMPLEMENTATIONS
+from attention.bench.harness import kv_heads_state
 from attention.display import show, show_markdown, show_table
 from attention.plotting import (
     plot_alibi,
@@ -75,7 +76,8 @@ print(f"no mask: max |attention(shuffled x) - shuffled attention(x)| = {differen
 rows, unchanged_after_t, full_shuffle = [], {}, {}
 for name, cls in IMPLEMENTATIONS.items():
     module = cls(d_model, d_model, T, 0.0, num_heads).eval()
-    module.load_canonical_state_dict(state)
+    # Grouped-query classes (fewer K/V heads) take the first K/V heads of the shared weights.
+    module.load_canonical_state_dict(kv_heads_state(state, num_heads, getattr(module, "num_kv_heads", num_heads)))
     with torch.no_grad():
         out = module(x)  # (B, T, d_out)
         full = (module(x[:, shuffle]) - out[:, shuffle]).abs().max().item()
