@@ -27,8 +27,6 @@ from attention.causal.gqa_flex import GroupedQueryFlexAttention
 from attention.display import show, show_markdown, show_shape, show_table
 from attention.reference import expand_kv_heads, reference_causal_self_attention
 
-torch.manual_seed(0)
-
 # %% [markdown]
 # ## Step by step
 #
@@ -36,6 +34,7 @@ torch.manual_seed(0)
 # features as usual, the keys and values to only `H_kv * D`.
 
 # %%
+torch.manual_seed(0)
 B, T, d_model, H, H_kv = 2, 6, 64, 8, 2
 D, group = d_model // H, H // H_kv
 module = GroupedQueryAttention(d_model, d_model, 256, 0.0, H, num_kv_heads=H_kv).eval()
@@ -110,6 +109,8 @@ for label, cls, kwargs in (("MHA", attention.IMPLEMENTATIONS["split_heads"], {})
     parameters = sum(tensor.numel() for tensor in state.values())
     rows.append((label, tuple(state["query.weight"].shape), tuple(state["key.weight"].shape),
                  tuple(state["value.weight"].shape), f"{parameters:,}"))
+
+# %% tags=["hide-input"]
 show_table("Canonical state dict shapes, d_model 768, 12 query heads", ["model", "query.weight", "key.weight",
            "value.weight", "parameters"], rows)
 
@@ -143,6 +144,8 @@ for strategy in ("enable_gqa", "repeat"):
         backends = profile_call(lambda: variant(x_long), "cpu")["backends"]
         difference = (variant(x_long) - module(x_long)).abs().max().item()
     rows.append((f"`{strategy}`", ", ".join(backends), f"{difference:.1e}"))
+
+# %% tags=["hide-input"]
 show_table("kv_strategy on this machine (B = 1, T = 256)", ["kv_strategy", "SDPA backend", "max |difference|"], rows)
 copy_bytes = 2 * (H - H_kv) * 256 * D * 4  # K and V: (H - H_kv) more heads of T x D, float32, B = 1
 llama3_bytes = 2 * (32 - 8) * 4096 * 128 * 2  # Llama 3 8B: 32 query heads, 8 K/V heads of 128, 4,096 tokens, bf16
@@ -191,6 +194,8 @@ for name, (layers, heads, kv_heads, head_dim) in MODELS.items():
     per_token[name], per_context[name] = bytes_per_token, bytes_per_token * CONTEXT
     rows.append((name, layers, heads, kv_heads, head_dim, f"{bytes_per_token / 2**10:,.0f}",
                  f"{bytes_per_token * CONTEXT / 2**30:,.2f}", f"{heads // kv_heads}x"))
+
+# %% tags=["hide-input"]
 show_table("KV cache per sequence in bfloat16 (checked against KVCache.nbytes)",
            ["model", "layers", "query heads", "K/V heads", "head_dim", "KiB per token", "GiB per 32k context",
             "smaller than MHA by"], rows)

@@ -84,7 +84,7 @@ print(f"8 chunks of 5: max |chunked - full| = {(chunked - full).abs().max().item
 torch.testing.assert_close(chunked, full, atol=2e-5, rtol=1e-4)
 
 # %% [markdown]
-# ## Pitfall 1: `is_causal=True` aligns the mask to the top left
+# ## Pitfall 1: is_causal aligns the mask to the top left
 #
 # `F.scaled_dot_product_attention(..., is_causal=True)` builds the causal mask as if the queries
 # and the keys both started at position 0: query `i` sees keys `0 .. i`. That is right when the
@@ -124,6 +124,8 @@ with torch.no_grad():
     right = finish(F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True))
 expected = full[:, L:L + T_chunk]
 wrong_error, right_error = (wrong - expected).abs().max().item(), (right - expected).abs().max().item()
+
+# %% tags=["hide-input"]
 show_table("5 queries after 10 cached positions, against the full forward pass", ["mask", "max |error|"],
            [("is_causal=True (top left)", f"{wrong_error:.3f}"), ("lower-right mask (KVCache.update)", f"{right_error:.1e}")])
 assert wrong_error > 1e-2 and right_error < 1e-4
@@ -199,6 +201,8 @@ with torch.no_grad():
     for t in range(14):
         module(sequence[:1, t:t + 1], cache=ring)
         slot_history.append(ring.positions.tolist())
+
+# %% tags=["hide-input"]
 show_table("Slot contents after each step (sliding window of 6, no sinks; -1 = empty)",
            ["after token"] + [f"slot {slot}" for slot in range(window)],
            [(t, *slots) for t, slots in enumerate(slot_history)])
@@ -214,6 +218,8 @@ for length in (8, 16, 32, 40):
         for start in range(0, length, 8):
             module(sequence[:, start:start + 8], cache=bounded)
     rows.append((length, bounded.length, f"{bounded.nbytes:,}", f"{module.new_cache(2, length).nbytes:,}"))
+
+# %% tags=["hide-input"]
 show_table("Bytes held after `length` tokens", ["tokens", "cache.length", "sliding window (6)", "full cache"], rows)
 
 # %% [markdown]
@@ -233,6 +239,8 @@ for chunk in (1, 5, 13):
     error = (out.double() - expected_window).abs().max().item()
     rows.append((chunk, f"{error:.1e}"))
     assert error < 1e-4
+
+# %% tags=["hide-input"]
 show_table("Sliding-window cache against the float64 reference with the sliding_window(6) mask",
            ["tokens per call", "max |error|"], rows)
 
@@ -283,6 +291,8 @@ for label, kv in (("MHA", 8), ("GQA", 2), ("MQA", 1)):
     cache_bytes = sized.new_cache(2, 1000).nbytes
     assert cache_bytes == 2 * 2 * kv * sized.head_dim * 1000 * 4  # K and V, B = 2, float32
     rows.append((label, kv, f"{cache_bytes:,}"))
+
+# %% tags=["hide-input"]
 show_table("KVCache.nbytes, B = 2, 1,000 positions, 8 query heads of 8, float32", ["model", "K/V heads", "bytes"], rows)
 show_markdown("For real models (Llama, Mistral, Qwen, Gemma) at their published sizes: "
               "[Grouped-query and multi-query attention](../gqa/#why-it-matters-the-kv-cache).")
