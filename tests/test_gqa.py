@@ -5,6 +5,8 @@ The shared tests (test_implementations.py) run `gqa`, `mqa` and `gqa_flex` with 
 gradients, and the errors for pairs that cannot work.
 """
 
+import inspect
+
 import pytest
 import torch
 from helpers import canonical_grads, reference_with_grads, tolerance
@@ -71,6 +73,16 @@ def test_mqa_is_gqa_with_one_kv_head():
     x = torch.randn(2, 7, 16)
     with torch.no_grad():
         torch.testing.assert_close(mqa(x), gqa(x), rtol=0, atol=0)
+
+
+def test_mqa_takes_every_keyword_of_gqa_but_num_kv_heads():
+    gqa_keywords = {name for name, parameter in inspect.signature(GroupedQueryAttention).parameters.items()
+                    if parameter.kind is inspect.Parameter.KEYWORD_ONLY}
+    mqa_keywords = {name for name, parameter in inspect.signature(MultiQueryAttention).parameters.items()
+                    if parameter.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert mqa_keywords == gqa_keywords - {"num_kv_heads"}
+    mqa = MultiQueryAttention(16, 32, 16, 0.0, 8, kv_strategy="repeat", decode_kernel="matmul")
+    assert (mqa.kv_strategy, mqa.decode_kernel) == ("repeat", "matmul")
 
 
 def test_weights_move_between_sdpa_and_flex():

@@ -1122,7 +1122,7 @@ def plot_decode(result, metric="tokens_per_s"):
     from matplotlib.figure import Figure
 
     models, kernels, batches, _ = _decode_axes(result)
-    fig = Figure(figsize=(5.2 * len(batches), 3.6), layout="constrained")
+    fig = Figure(figsize=(5.2 * len(batches), 4.2), layout="constrained")
     axes = fig.subplots(1, len(batches), squeeze=False)[0]
     styles = {"matmul": "-", "sdpa": "--"}
     colors = {model: f"C{i}" for i, model in enumerate(models)}
@@ -1144,6 +1144,7 @@ def plot_decode(result, metric="tokens_per_s"):
         ax.set_xlabel("context (cached positions)")
         ax.set_title(f"batch {batch}")
         ax.grid(True, which="both", alpha=0.3)
-    axes[-1].legend(fontsize=7)
+    handles, labels = axes[0].get_legend_handles_labels()  # every panel draws the same lines
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(models), fontsize=8)
     fig.suptitle(f"Decode step, {result['provenance']['device']['name']}, {result['dtype']}", fontsize=10)
     return fig

@@ -130,9 +130,10 @@ class GroupedQueryAttention(nn.Module):
 class MultiQueryAttention(GroupedQueryAttention):
     """Causal multi-query self-attention: grouped-query attention with one K/V head for all query heads."""
 
-    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False, *, kv_strategy="enable_gqa"):
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False, *, kv_strategy="enable_gqa",
+                 decode_kernel="auto"):
         super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias, num_kv_heads=1,
-                         kv_strategy=kv_strategy)
+                         kv_strategy=kv_strategy, decode_kernel=decode_kernel)
 
 
 def row_split_linear(layer, x, chunks=8):
