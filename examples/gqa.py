@@ -223,11 +223,62 @@ show_markdown(f"At 32k tokens a Llama 2 7B sequence needs {llama2 / 2**30:.0f} G
               f"sequences fit in the same memory, and each decoding step reads {ratio} times fewer cache bytes.")
 
 # %% [markdown]
+# ## Prefill and training, measured
+#
+# Without a cache (a prompt's prefill, or training), GQA computes as many query heads as MHA, so
+# the attention core costs the same; only the key and value projections shrink. The recorded
+# default-profile benchmark runs the registered classes at the headline shape (GPT-2 small's
+# widths, 12 query heads of 64; `gqa` with its default K/V heads, groups of 4 query heads):
+
+# %% tags=["hide-input"]
+from attention.bench import render
+
+NAMES = ("split_heads", "sdpa_causal", "gqa", "mqa", "flex", "gqa_flex")
+recorded_runs = sorted((path for path in render.RESULTS_DIR.glob("*.json")
+                        if render.load_result(path)["config"]["profile"] == "default"
+                        and any(row["implementation"] == "gqa" for row in render.load_result(path)["rows"])),
+                       key=lambda path: render.load_result(path)["provenance"]["date_utc"], reverse=True)
+if not recorded_runs:
+    show_markdown("No recorded default-profile run includes the grouped-query classes yet.")
+else:
+    prefill_run = render.load_result(recorded_runs[0])
+    config = prefill_run["config"]
+
+    def headline(name, mode):
+        """The run's row for `name` in `mode` at the headline shape, not compiled."""
+        return next(row for row in prefill_run["rows"] if row["implementation"] == name and row["mode"] == mode
+                    and (row["batch"], row["seq_len"], row["compiled"]) == (config["batch"], config["seq_len"], False))
+
+    rows = []
+    for name in NAMES:
+        forward, both = headline(name, "forward"), headline(name, "forward_backward")
+        assert forward["correct"] and both["correct"], name
+        rows.append((f"`{name}`", forward["num_kv_heads"] or forward["num_heads"],
+                     f"{forward['flops_total'] / 1e9:,.0f}", f"{forward['ms_median']:,.0f}",
+                     f"{forward['share_of_paired_matmul']:.0%}", f"{both['ms_median']:,.0f}",
+                     f"{both['share_of_paired_matmul']:.0%}", f"{both['peak_memory_bytes'] / 2**20:,.0f}"))
+    show_markdown(f"`docs/results/{recorded_runs[0].name}`: {prefill_run['provenance']['device']['name']}, "
+                  f"{prefill_run['dtype']}, recorded {prefill_run['provenance']['date_utc'][:10]}"
+                  + (" (predates the current code)" if render.is_stale(prefill_run) else "") + ".")
+    show_table(f"B = {config['batch']}, T = {config['seq_len']}, d_model {config['d_model']}, "
+               f"{config['num_heads']} query heads; % of the matmul rate timed beside each row",
+               ["class", "K/V heads", "forward GFLOP", "forward ms", "% of matmul", "fwd + bwd ms", "% of matmul",
+                "fwd + bwd peak MiB"], rows)
+    mha_row, gqa_row, mqa_row = (headline(name, "forward") for name in ("sdpa_causal", "gqa", "mqa"))
+    show_markdown(
+        f"`gqa` does {gqa_row['flops_total'] / mha_row['flops_total']:.0%} of `sdpa_causal`'s forward FLOPs and "
+        f"takes {gqa_row['ms_median'] / mha_row['ms_median']:.0%} of its time; `mqa` "
+        f"{mqa_row['flops_total'] / mha_row['flops_total']:.0%} and {mqa_row['ms_median'] / mha_row['ms_median']:.0%}. "
+        "Without a cache the time follows the FLOPs: fewer K/V heads shrink the key and value projections, while "
+        "the attention core, one per query head, stays the same. What GQA saves far more of is the cache, and the "
+        "reading of it at every decoding step ([KV cache and decoding](../kv_cache/)).")
+
+# %% [markdown]
 # ## Which to use
 #
 # GQA is what current models train with: it keeps most of MHA's quality at a fraction of its cache
 # (the GQA paper's result), and MQA saves the most memory at some cost in quality. In this
 # package, `gqa` (SDPA) is the class to copy; `gqa_flex` when the attention also needs a custom
 # mask or score. Decoding, the KV cache's pitfalls and the measured speed of a step:
-# [KV cache and decoding](../kv_cache/). Prefill and training times of `gqa`, `mqa` and
-# `gqa_flex` beside the other classes: [Benchmarks](../../benchmarks/).
+# [KV cache and decoding](../kv_cache/). Every shape of the recorded runs, and this build's own
+# quick run: [Benchmarks](../../benchmarks/).

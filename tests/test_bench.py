@@ -614,4 +614,6 @@ def test_add_your_device_page_is_filled_from_the_hook(result, tmp_path, monkeypa
         assert f'=== "{hook.RECORD_TITLES[device]}"' in markdown
         assert command.replace(" --out ", " \\\n        --out ") in markdown  # inside the tab, on two lines
     assert "docs/results/cpu-test-float32.json: valid: cpu (" in markdown
-    assert "The default-profile runs recorded for this site on" in markdown
+    duration = result["provenance"]["duration_s"] / 60
+    assert (f"The default-profile runs recorded for this site took: {result['provenance']['device']['name']}, "
+            f"{result['dtype']}: {duration:.0f} minutes.") in markdown

@@ -430,9 +430,9 @@ def record_duration():
     runs = [result for _, result in state["recorded"] if result["config"]["profile"] == "default"]
     if not runs:
         return ""
-    spans = ", ".join(f"{result['dtype']} {result['provenance']['duration_s'] / 60:.0f} minutes" for result in runs)
-    devices = sorted({result["provenance"]["device"]["name"] for result in runs})
-    return f"The default-profile runs recorded for this site on {', '.join(devices)} took: {spans}."
+    spans = "; ".join(f"{result['provenance']['device']['name']}, {result['dtype']}: "
+                      f"{result['provenance']['duration_s'] / 60:.0f} minutes" for result in runs)
+    return f"The default-profile runs recorded for this site took: {spans}."
 
 
 def validate_example():
