@@ -352,7 +352,8 @@ mha, gqa, mqa = (best(model, 1, context) for model in ("MHA", "GQA", "MQA"))
 lines.append(f"- GQA reads {mha['cache_bytes_per_token'] // gqa['cache_bytes_per_token']}x less cache per token than "
              f"MHA and runs {gqa['tokens_per_s'] / mha['tokens_per_s']:.1f}x as many tokens/s; MQA "
              f"{mha['cache_bytes_per_token'] // mqa['cache_bytes_per_token']}x less and "
-             f"{mqa['tokens_per_s'] / mha['tokens_per_s']:.1f}x: the weights, read at every step too, do not shrink.")
+             f"{mqa['tokens_per_s'] / mha['tokens_per_s']:.1f}x: the query and output projections' weights, read at every "
+             f"step too, do not shrink.")
 for model in ("GQA", "MQA"):
     sdpa, matmul = row_of(model, "sdpa", 1, context), row_of(model, "matmul", 1, context)
     if sdpa and matmul:
@@ -455,8 +456,10 @@ show_markdown(
 # there, so it gains something). The grouped matmuls put a K/V head's whole group of queries in
 # one product, `k @ qᵀ` of `(S, D) @ (D, group)`, so each cached key leaves memory once for all
 # the queries that need it. Then the arithmetic per byte grows with the group: a step's FLOPs do
-# not shrink with the K/V heads, only its bytes do, so with 8 or 32 query heads per K/V head the
-# step is held back by arithmetic (see its share of the matmul rate) more than by reading.
+# not shrink with the K/V heads, only its bytes do. With 32 query heads per K/V head (MQA) the
+# step is held back by arithmetic (see its share of the matmul rate) more than by reading; with 8
+# (GQA) it reaches neither ceiling, since a product only 8 columns wide runs far below the
+# large-matmul rate.
 #
 # Second, the projections. At batch 1 each of the four projections is a matrix-vector product:
 # every weight read once for two operations, bound by memory like the cache. The CPU BLAS behind

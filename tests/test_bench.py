@@ -577,6 +577,23 @@ def slowed(result, label, factor):
     return changed
 
 
+def test_fastest_leaves_out_rows_with_fewer_kv_heads(result):
+    """A grouped-query row is another model: however fast, it is not ranked against multi-head classes."""
+    grouped = copy.deepcopy(result)
+    extra = []
+    for row in grouped["rows"]:
+        if row["implementation"] == "sdpa_causal":
+            faster = dict(row, implementation="gqa", label="gqa", num_kv_heads=row["num_heads"] // 2)
+            for key in ("ms_median", "ms_q1", "ms_q3", "ms_min", "ms_max"):
+                faster[key] = row[key] / 10
+            extra.append(faster)
+    grouped["rows"] += extra
+    assert extra and all(render.fewer_kv_heads(row) for row in extra)
+    assert [entry["fastest"]["label"] for entry in render.fastest(grouped)] == \
+        [entry["fastest"]["label"] for entry in render.fastest(result)]
+    assert "`gqa`" not in render.fastest_table(grouped)
+
+
 def test_share_stability_compares_two_runs(result):
     assert all(row["paired"][0] == row["paired"][1] for entry in render.share_stability(result, result)
                for row in entry["rows"])

@@ -351,17 +351,29 @@ def slower_by(row, fastest_row):
     return f"+{(row['ms_median'] / fastest_row['ms_median'] - 1) * 100:.0f}%"
 
 
+def fewer_kv_heads(row):
+    """True for a grouped-query or multi-query row: fewer K/V heads than query heads, so another model
+    (smaller K/V projections, other weights) than the multi-head classes it is timed beside."""
+    return row.get("num_kv_heads") is not None and row["num_kv_heads"] != row["num_heads"]
+
+
+def chart_label(row):
+    """A row's name in charts: its label, with the K/V heads for grouped-query rows (another model)."""
+    return row["label"] + (f" ({row['num_kv_heads']} K/V)" if fewer_kv_heads(row) else "")
+
+
 def fastest(result):
     """Per measured shape: the fastest correct row, the rows tied with it, and the next one.
 
     A list of dicts (mode, batch, seq_len, compiled, fastest, tied, next) in the run's order. Tied: the
     row's interquartile range overlaps the fastest's (its first quartile is at or below the fastest's
     third quartile), so the run cannot tell the two apart. Rows measured one after another on a machine
-    whose speed drifts can differ by more than their IQRs; read small gaps as ties too.
+    whose speed drifts can differ by more than their IQRs; read small gaps as ties too. Only classes
+    that compute the same function compete: rows with fewer K/V heads (`fewer_kv_heads`) are left out.
     """
     groups = {}
     for row in result["rows"]:
-        if _ranked(row):
+        if _ranked(row) and not fewer_kv_heads(row):
             groups.setdefault((row["mode"], row["batch"], row["seq_len"], row["compiled"]), []).append(row)
     summary = []
     for (mode, batch, seq_len, compiled), rows in groups.items():
@@ -540,15 +552,18 @@ def plot_bars(result, batch=None, seq_len=None):
     fig, panels = _shape_panels(result, batch, seq_len, keep=lambda r: r["status"] == "ok",
                                 sort_key=lambda r: -r["ms_median"])
     for ax, rows in panels:
-        labels = [r["label"] + ("  (incorrect)" if r["correct"] is False else "") for r in rows]
+        labels = [chart_label(r) + ("  (incorrect)" if r["correct"] is False else "") for r in rows]
         errors = [[r["ms_median"] - r["ms_q1"] for r in rows], [r["ms_q3"] - r["ms_median"] for r in rows]]
-        colors = ["tab:red" if r["correct"] is False else "tab:blue" for r in rows]
+        colors = ["tab:red" if r["correct"] is False else "tab:orange" if fewer_kv_heads(r) else "tab:blue"
+                  for r in rows]
         bars = ax.barh(labels, [r["ms_median"] for r in rows], xerr=errors, color=colors, capsize=2)
         for bar, row in zip(bars, rows):
             if row["correct"] is False:
                 bar.set_hatch("//")
         ax.set_xlabel("time per call (ms, median; bars: IQR)")
-    fig.suptitle(f"Causal self-attention, d_model={config['d_model']}, {config['num_heads']} heads: "
+    grouped = " (orange: fewer K/V heads, another model)" if any(fewer_kv_heads(r) for _, rows in panels
+                                                                 for r in rows) else ""
+    fig.suptitle(f"Causal self-attention, d_model={config['d_model']}, {config['num_heads']} heads{grouped}: "
                  f"{_title_suffix(result)}")
     fig.tight_layout()
     return fig
@@ -564,7 +579,7 @@ def plot_share(result, batch=None, seq_len=None):
     rate = (peak.get("paired") or {}).get("median_tflops") or peak.get("tflops")
     for ax, rows in panels:
         shares = [100 * matmul_share(r) for r in rows]
-        bars = ax.barh([r["label"] for r in rows], shares, color="tab:green")
+        bars = ax.barh([chart_label(r) for r in rows], shares, color="tab:green")
         ax.bar_label(bars, labels=[f"{share:.0f}%" for share in shares], padding=2, fontsize=7)
         ax.axvline(100, color="k", linestyle="--", linewidth=1, alpha=0.6)
         ax.set_xlim(0, max([110.0] + [share * 1.12 for share in shares]))

@@ -294,6 +294,9 @@ def fastest_section():
     parts = [render.devices_line(results)]
     for name, result in results:
         parts.append(f"**{name}**: {run_line(result)}\n\n" + render.fastest_table(result))
+    parts.append("Only classes that compute multi-head attention compete here. Grouped-query and multi-query rows "
+                 "(fewer K/V heads: another model, with smaller key and value projections) appear in the full tables "
+                 "and on the [grouped-query page](examples/gqa.py#prefill-and-training-measured).")
     parts.append("Tied: the row's interquartile range overlaps the fastest's, so the run cannot tell them apart. "
                  "Rows are measured one after another, so on a machine whose speed drifts, gaps of a few percent "
                  "are within the noise too.")
