@@ -234,14 +234,14 @@ show_markdown(f"At 32k tokens a Llama 2 7B sequence needs {llama2 / 2**30:.0f} G
 from attention.bench import render
 
 NAMES = ("split_heads", "sdpa_causal", "gqa", "mqa", "flex", "gqa_flex")
-recorded_runs = sorted((path for path in render.RESULTS_DIR.glob("*.json")
-                        if render.load_result(path)["config"]["profile"] == "default"
-                        and any(row["implementation"] == "gqa" for row in render.load_result(path)["rows"])),
-                       key=lambda path: render.load_result(path)["provenance"]["date_utc"], reverse=True)
+loaded = [(path, render.load_result(path)) for path in render.RESULTS_DIR.glob("*.json")]
+recorded_runs = sorted(((path, result) for path, result in loaded if result["config"]["profile"] == "default"
+                        and any(row["implementation"] == "gqa" for row in result["rows"])),
+                       key=lambda item: item[1]["provenance"]["date_utc"], reverse=True)
 if not recorded_runs:
     show_markdown("No recorded default-profile run includes the grouped-query classes yet.")
 else:
-    prefill_run = render.load_result(recorded_runs[0])
+    prefill_path, prefill_run = recorded_runs[0]  # the newest
     config = prefill_run["config"]
 
     def headline(name, mode):
@@ -257,7 +257,7 @@ else:
                      f"{forward['flops_total'] / 1e9:,.0f}", f"{forward['ms_median']:,.0f}",
                      f"{forward['share_of_paired_matmul']:.0%}", f"{both['ms_median']:,.0f}",
                      f"{both['share_of_paired_matmul']:.0%}", f"{both['peak_memory_bytes'] / 2**20:,.0f}"))
-    show_markdown(f"`docs/results/{recorded_runs[0].name}`: {prefill_run['provenance']['device']['name']}, "
+    show_markdown(f"`docs/results/{prefill_path.name}`: {prefill_run['provenance']['device']['name']}, "
                   f"{prefill_run['dtype']}, recorded {prefill_run['provenance']['date_utc'][:10]}"
                   + (" (predates the current code)" if render.is_stale(prefill_run) else "") + ".")
     show_table(f"B = {config['batch']}, T = {config['seq_len']}, d_model {config['d_model']}, "

@@ -381,6 +381,8 @@ show_markdown("\n".join(lines))
 # the next of several copies, at least 256 MiB in all, and the bytes come from memory.
 
 # %% tags=["hide-input"]
+import itertools
+
 import torch.nn.functional as F
 
 from attention.bench import metrics
@@ -392,11 +394,12 @@ read_call, read_bytes = bandwidth_call(cpu, torch.float32)
 matmul_tflops = metrics.matmul_rate(cpu, torch.float32, 2048, min_run_time=0.3)["tflops"]
 
 
-def cycling(make_call, nbytes, footprint=256 * 2**20):
-    """One callable that runs `make_call()`'s calls in turn, over enough copies to read `footprint` bytes."""
-    calls = [make_call() for _ in range(max(1, -(-footprint // nbytes)))]
-    turn = iter(range(2**62))
-    return lambda: calls[next(turn) % len(calls)]()
+FOOTPRINT = 256 * 2**20  # bytes the copies of a timed call's data fill, far past the CPU's caches
+
+
+def copies_to_fill(nbytes):
+    """How many copies of `nbytes` fill `FOOTPRINT`."""
+    return max(1, -(-FOOTPRINT // nbytes))
 
 
 def gbps(call, nbytes):
@@ -413,26 +416,24 @@ for name, kv_heads in (("MHA", 32), ("GQA", 4), ("MQA", 1)):
     q = torch.randn(1, 32, 1, 128, generator=generator)
     cache_bytes = 2 * kv_heads * context_length * 128 * 4  # K and V, float32
 
-    def new_copy(kernel):
-        """A fresh cache (1, H_kv, S, D) and the call of `kernel` over it."""
-        k, v = (torch.randn(1, kv_heads, context_length, 128, generator=generator) for _ in range(2))
-        if kernel == "SDPA, enable_gqa":
-            return lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=kv_heads != 32)
-        if kernel == "SDPA, K/V repeated to 32 heads":
-            k, v = (t.repeat_interleave(32 // kv_heads, dim=1) for t in (k, v))  # (1, 32, S, D)
-            return lambda: F.scaled_dot_product_attention(q, k, v)
-        return lambda: grouped_decode_attention(q, k, v)
+    def cache_copy(heads):
+        """A fresh cache, K and V (1, heads, S, D) each: `kv_heads` heads, each repeated `heads // kv_heads` times."""
+        return [torch.randn(1, kv_heads, context_length, 128, generator=generator)
+                .repeat_interleave(heads // kv_heads, dim=1) for _ in range(2)]
 
-    kernels = ("SDPA, enable_gqa", "SDPA, K/V repeated to 32 heads", "grouped matmuls")
-    check_k, check_v = (torch.randn(1, kv_heads, 64, 128, generator=generator) for _ in range(2))
-    torch.testing.assert_close(grouped_decode_attention(q, check_k, check_v),
-                               F.scaled_dot_product_attention(q, check_k, check_v, enable_gqa=kv_heads != 32),
+    kernels = {  # name: (K/V heads it reads, the call over one cache copy)
+        "SDPA, enable_gqa": (kv_heads, lambda k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=kv_heads != 32)),
+        "SDPA, K/V repeated to 32 heads": (32, lambda k, v: F.scaled_dot_product_attention(q, k, v)),
+        "grouped matmuls": (kv_heads, lambda k, v: grouped_decode_attention(q, k, v)),
+    }
+    k, v = cache_copy(kv_heads)
+    torch.testing.assert_close(kernels["grouped matmuls"][1](k, v), kernels["SDPA, enable_gqa"][1](k, v),
                                atol=1e-5, rtol=1e-4)
-    for kernel in kernels:
-        read_size = cache_bytes * (32 // kv_heads if "repeated" in kernel else 1)  # bytes one copy holds
-        call = cycling(lambda: new_copy(kernel), read_size)
-        rate, bandwidth, ms = gbps(call, cache_bytes)
-        del call
+    for kernel, (heads, attend) in kernels.items():
+        # Each call reads the next copy, so the bytes come from memory (FOOTPRINT in all).
+        copies = itertools.cycle([cache_copy(heads) for _ in range(copies_to_fill(cache_bytes * heads // kv_heads))])
+        rate, bandwidth, ms = gbps(lambda copies=copies, attend=attend: attend(*next(copies)), cache_bytes)
+        del copies
         times[name, kernel] = ms
         rows.append((name, kernel, f"{cache_bytes / 2**20:,.0f} MiB", f"{ms:.2f}", f"{rate:.1f}",
                      f"{rate / bandwidth:.0%}", f"{flops / ms / 1e6:.0f}", f"{flops / ms / 1e9 / matmul_tflops:.0%}"))
@@ -469,23 +470,17 @@ show_markdown(
 # next of 4 such layers, 256 MiB in all, so that the weights come from memory, as in a model):
 
 # %% tags=["hide-input"]
-layers = [torch.nn.Linear(4096, 4096).requires_grad_(False) for _ in range(4)]  # 64 MiB of weight each
+layers = [torch.nn.Linear(4096, 4096).requires_grad_(False) for _ in range(copies_to_fill(4096 * 4096 * 4))]  # 64 MiB each
 x_row = torch.randn(1, 1, 4096, generator=generator)
 weight_bytes = layers[0].weight.nbytes + layers[0].bias.nbytes
 torch.testing.assert_close(row_split_linear(layers[0], x_row), layers[0](x_row), atol=1e-4, rtol=1e-4)
-layer_turn = iter(range(2**62))
-
-
-def next_layer():
-    return layers[next(layer_turn) % len(layers)]
-
-
+layer_cycle = itertools.cycle(layers)  # each call takes the next layer, so its weight comes from memory
 threads = torch.get_num_threads()
 rows = []
-for label, call, thread_count in (("F.linear", lambda: next_layer()(x_row), threads),
-                                  ("F.linear", lambda: next_layer()(x_row), 1),
+for label, call, thread_count in (("F.linear", lambda: next(layer_cycle)(x_row), threads),
+                                  ("F.linear", lambda: next(layer_cycle)(x_row), 1),
                                   ("row_split_linear (8 blocks, torch.bmm)",
-                                   lambda: row_split_linear(next_layer(), x_row), threads)):
+                                   lambda: row_split_linear(next(layer_cycle), x_row), threads)):
     torch.set_num_threads(thread_count)
     rate, bandwidth, ms = gbps(call, weight_bytes)
     rows.append((label, thread_count, f"{ms:.2f}", f"{rate:.1f}", f"{rate / bandwidth:.0%}"))
@@ -502,13 +497,13 @@ show_table("One row through a 4096 x 4096 float32 projection (measured at build 
 
 # %% tags=["hide-input"]
 all_blocks = [layer.weight.view(8, 512, 4096) for layer in layers]  # (chunks, out/chunks, in) per layer
-blocks = all_blocks[0]
+blocks, block_cycle = all_blocks[0], itertools.cycle(all_blocks)
 column_from_reshape = x_row.reshape(1, 4096, 1).expand(8, 4096, 1)  # strides (0, 1, 1)
 column_from_transpose = x_row.reshape(1, 4096).T.unsqueeze(0).expand(8, 4096, 1)  # strides (0, 1, 4096)
 torch.testing.assert_close(torch.bmm(blocks, column_from_reshape), torch.bmm(blocks, column_from_transpose))
 rows = []
 for label, column in (("reshape, then expand", column_from_reshape), ("transpose the row, then expand", column_from_transpose)):
-    rate, bandwidth, ms = gbps(lambda: torch.bmm(all_blocks[next(layer_turn) % 4], column), blocks.nbytes)
+    rate, bandwidth, ms = gbps(lambda: torch.bmm(next(block_cycle), column), blocks.nbytes)
     rows.append((label, str(column.stride()), f"{ms:.2f}", f"{rate:.1f}", f"{rate / bandwidth:.0%}"))
 show_table("torch.bmm of the 8 weight blocks with one input column, two layouts of the same column "
            "(measured at build time)", ["column made by", "strides", "ms", "GB/s", "% of read bandwidth"], rows)
