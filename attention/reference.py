@@ -18,7 +18,8 @@ def reference_attention(query, key, value, state, num_heads, mask=None, attn_bia
         query: `(B, Tq, d_in)`.
         key, value: `(B, Tk, d_in)`.
         state: canonical weights: `{query,key,value}.weight` `(d_out, d_in)`, `out.weight`
-            `(d_out, d_out)`, and optionally the matching `.bias` entries.
+            `(d_out, d_out)`, and optionally the matching `.bias` entries. `key.*` and `value.*` may have
+            fewer rows (`num_kv_heads * head_dim`, grouped-query attention).
         num_heads: H; head_dim D = d_out / H.
         mask: boolean, True = attend, broadcastable to `(B, H, Tq, Tk)`. A query with no key to
             attend to gets zero weights and a zero attention output.
@@ -36,30 +37,71 @@ def reference_attention(query, key, value, state, num_heads, mask=None, attn_bia
         y = x @ f64[f"{name}.weight"].T
         return y + f64[f"{name}.bias"] if f"{name}.bias" in f64 else y
 
-    def split(x):  # (B, T, H*D) -> (B, H, T, D)
+    head_dim = f64["query.weight"].shape[0] // num_heads
+
+    def split(x):  # (B, T, heads*D) -> (B, heads, T, D): H query heads, H_kv key and value heads
         B, T, C = x.shape
-        return x.reshape(B, T, num_heads, C // num_heads).permute(0, 2, 1, 3)
+        return x.reshape(B, T, C // head_dim, head_dim).permute(0, 2, 1, 3)
 
     q, k, v = split(project(query, "query")), split(project(key, "key")), split(project(value, "value"))
-    head_dim = q.shape[-1]
     if rope_base is not None:
         q, k = rotate_pairs(q, rope_base), rotate_pairs(k, rope_base)
 
-    scores = q @ k.transpose(-1, -2) / math.sqrt(head_dim)  # (B, H, Tq, Tk)
-    if attn_bias is not None:
-        scores = scores + attn_bias.to(torch.float64)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    row_max = scores.amax(dim=-1, keepdim=True)
-    row_max = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)
-    exp_scores = torch.exp(scores - row_max)  # exp(-inf) = 0 for masked keys
-    row_sum = exp_scores.sum(dim=-1, keepdim=True)
-    weights = torch.where(row_sum > 0, exp_scores / row_sum.clamp_min(1e-300), torch.zeros_like(exp_scores))
-
-    context = weights @ v  # (B, H, Tq, D)
+    context, weights = reference_kernel(q, k, v, mask=mask, bias=attn_bias)  # (B, H, Tq, D), (B, H, Tq, Tk)
     B, H, Tq, D = context.shape
     context = context.permute(0, 2, 1, 3).reshape(B, Tq, H * D)
     return project(context, "out"), weights
+
+
+def reference_kernel(q, k, v, mask=None, bias=None, *, scale=None, softcap=None, sinks=None):
+    """The attention kernel in float64: `softmax(scale * q kᵀ (+ bias), masked) v` per head.
+
+    Every float64 attention in the project is this one: `reference_attention` (modules), the
+    benchmark's checks and the model families' tests call it.
+
+    Args:
+        q: `(B, H, Tq, Dk)` queries.
+        k: `(B, H_kv, Tk, Dk)` keys; `v`: `(B, H_kv, Tk, Dv)` values. `H_kv` divides `H`: query head `h`
+            reads K/V head `h // (H // H_kv)` (grouped-query attention; `H_kv == H` is multi-head).
+        mask: boolean, True = attend, broadcastable to `(B, H, Tq, Tk)`. A query with no key to attend
+            to gets zero weights and a zero output (never NaN).
+        bias: additive score bias broadcastable to `(B, H, Tq, Tk)` (ALiBi), added after the cap.
+        scale: the score scale, default `1 / sqrt(Dk)`.
+        softcap: if given, scores become `softcap * tanh(scores / softcap)` after scaling (Gemma 2's
+            logit soft-capping).
+        sinks: if given, `(H,)` learned sink logits (gpt-oss): each row's softmax runs over its scores
+            and the head's sink, and the sink's share is dropped, so a row's weights sum to less than 1.
+
+    Returns:
+        `(out, weights)`: `(B, H, Tq, Dv)` and `(B, H, Tq, Tk)`, both float64.
+    """
+    q, k, v = (t.to(torch.float64) for t in (q, k, v))
+    num_heads, num_kv_heads = q.shape[1], k.shape[1]
+    if num_kv_heads != v.shape[1] or num_heads % num_kv_heads != 0:
+        raise ValueError(f"k and v must have a number of heads dividing q's, got q.shape={tuple(q.shape)}, "
+                         f"k.shape={tuple(k.shape)}, v.shape={tuple(v.shape)}")
+    if num_kv_heads != num_heads:
+        k = k.repeat_interleave(num_heads // num_kv_heads, dim=1)  # (B, H, Tk, Dk): head h reads K/V head h // group
+        v = v.repeat_interleave(num_heads // num_kv_heads, dim=1)  # (B, H, Tk, Dv)
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = q @ k.transpose(-1, -2) * scale  # (B, H, Tq, Tk)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    if bias is not None:
+        scores = scores + bias.to(torch.float64)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    row_max = scores.amax(dim=-1, keepdim=True)  # (B, H, Tq, 1)
+    if sinks is not None:
+        sink = sinks.to(torch.float64).view(1, num_heads, 1, 1).expand_as(row_max)  # (B, H, Tq, 1)
+        row_max = torch.maximum(row_max, sink)
+    row_max = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)
+    exp_scores = torch.exp(scores - row_max)  # exp(-inf) = 0 for masked keys
+    row_sum = exp_scores.sum(dim=-1, keepdim=True)
+    if sinks is not None:
+        row_sum = row_sum + torch.exp(sink - row_max)  # the sink's share of the softmax, then dropped
+    weights = torch.where(row_sum > 0, exp_scores / row_sum.clamp_min(1e-300), torch.zeros_like(exp_scores))
+    return weights @ v, weights  # (B, H, Tq, Dv), (B, H, Tq, Tk)
 
 
 def rotate_pairs(x, base):
@@ -88,6 +130,25 @@ def reference_alibi_slopes(num_heads):
         return power_of_two_slopes(num_heads)
     closest = 2 ** math.floor(math.log2(num_heads))
     return power_of_two_slopes(closest) + power_of_two_slopes(2 * closest)[0::2][: num_heads - closest]
+
+
+def canonical_weights(d_in, d_out, seed):
+    """Canonical weights drawn as `nn.Linear` would (uniform in ±1/sqrt(fan_in)) from `seed`, float32 on CPU.
+
+    The shared weights of the benchmark and the pages: every implementation loads the same tensors.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    shapes = {"query.weight": (d_out, d_in), "key.weight": (d_out, d_in), "value.weight": (d_out, d_in),
+              "out.weight": (d_out, d_out), "out.bias": (d_out,)}  # fan_in: the last dimension
+    return {name: (torch.rand(*shape, generator=generator) * 2 - 1) * (1 / math.sqrt(shape[-1]))
+            for name, shape in shapes.items()}
+
+
+def kv_heads_state(state, num_heads, num_kv_heads):
+    """`state` for a module with `num_kv_heads` K/V heads: the first `num_kv_heads` heads' rows of `key.*` and
+    `value.*` (all of them, so the very same tensors, for multi-head classes)."""
+    kv_rows = num_kv_heads * (state["query.weight"].shape[0] // num_heads)
+    return {name: tensor[:kv_rows] if name.startswith(("key.", "value.")) else tensor for name, tensor in state.items()}
 
 
 def expand_kv_heads(state, num_heads):

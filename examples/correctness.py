@@ -43,9 +43,8 @@ import torch
 import torch.nn.functional as F
 
 from attention import IMPLEMENTATIONS
-from attention.bench.harness import kv_heads_state
 from attention.display import show_markdown, show_table
-from attention.reference import expand_kv_heads, reference_causal_self_attention
+from attention.reference import expand_kv_heads, kv_heads_state, reference_causal_self_attention
 
 torch.manual_seed(0)
 B, T, C, H = 2, 16, 32, 4

@@ -33,10 +33,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attention import IMPLEMENTATIONS
 from attention.bench import render
-from attention.bench.harness import kv_heads_state
 from attention.display import show, show_markdown, show_table
 from attention.plotting import plot_heatmaps
-from attention.reference import reference_causal_self_attention
+from attention.reference import kv_heads_state, reference_causal_self_attention
 
 torch.manual_seed(0)
 C, H = 64, 4

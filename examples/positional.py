@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 
 from attention import IMPLEMENTATIONS
-from attention.bench.harness import kv_heads_state
 from attention.display import show, show_markdown, show_table
 from attention.plotting import (
     plot_alibi,
@@ -38,7 +37,7 @@ from attention.positional import (
     alibi_slopes,
     sinusoidal_table,
 )
-from attention.reference import reference_attention, reference_causal_self_attention
+from attention.reference import kv_heads_state, reference_attention, reference_causal_self_attention
 
 # %% [markdown]
 # ## What attention sees of the order

@@ -173,3 +173,42 @@ def test_cache_bytes(dtype):
     cache = module.new_cache(3, 50)
     assert cache.keys.dtype == dtype
     assert cache.nbytes == 2 * 3 * 2 * 50 * 4 * torch.empty((), dtype=dtype).element_size()
+
+
+@pytest.mark.parametrize("kind", ["full", "window"])
+def test_rewind_repeats_a_step_exactly_and_keeps_the_contract(kind):
+    from attention.causal import DecodingCache
+
+    module = build(2)
+    cache = module.new_cache(2, 64) if kind == "full" else module.new_cache(2, window=6, sinks=2)
+    assert isinstance(cache, DecodingCache)
+    x = torch.randn(2, 24, 24)
+    with torch.no_grad():
+        module(x[:, :20], cache=cache)
+        first = module(x[:, 20:21], cache=cache)
+        cache.rewind(20)
+        assert cache.length == 20
+        again = module(x[:, 20:21], cache=cache)
+        other = module(x[:, 21:22], cache=cache)  # continues from the repeated step, as without the rewind
+    assert torch.equal(first, again)
+    with torch.no_grad():
+        fresh = module.new_cache(2, 64) if kind == "full" else module.new_cache(2, window=6, sinks=2)
+        module(x[:, :21], cache=fresh)
+        expected = module(x[:, 21:22], cache=fresh)
+    torch.testing.assert_close(other, expected, **TOL)
+    for bad in (-1, 23, 2.0, True):
+        with pytest.raises(ValueError, match="length must be an int"):
+            cache.rewind(bad)
+
+
+def test_sliding_window_refuses_to_rewind_past_what_it_evicted():
+    module = build(2)
+    cache = module.new_cache(2, window=6, sinks=2)
+    x = torch.randn(2, 23, 24)
+    with torch.no_grad():
+        module(x, cache=cache)  # holds positions 0, 1 (sinks) and 17..22
+    with pytest.raises(ValueError, match=r"cannot rewind to length=20: position\(s\) \[15, 16\] were evicted"):
+        cache.rewind(20)
+    assert cache.length == 23  # unchanged by the refused rewind
+    cache.rewind(22)  # needs 17..21 and the sinks: all held
+    assert cache.positions.tolist().count(22) == 0

@@ -34,10 +34,11 @@ import time
 import torch
 
 from attention.bench import metrics
-from attention.bench.harness import DTYPES, canonical_weights, kv_heads_state, resolve_device, write_result
+from attention.bench.harness import DTYPES, resolve_device, write_result
 from attention.bench.provenance import available_memory_bytes, collect_provenance, load_average
 from attention.bench.schema import SCHEMA_VERSION
 from attention.causal.gqa import GroupedQueryAttention
+from attention.reference import canonical_weights, kv_heads_state
 
 # DECODE_NUM_HEADS query heads of DECODE_HEAD_DIM: Llama 2 7B's and Llama 3 8B's attention (d_model 4096).
 DECODE_NUM_HEADS, DECODE_HEAD_DIM = 32, 128

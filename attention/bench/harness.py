@@ -36,6 +36,7 @@ from attention.bench import metrics
 from attention.bench.provenance import available_memory_bytes, collect_provenance, load_average
 from attention.bench.schema import CONTENDED_BELOW, SCHEMA_VERSION, new_row
 from attention.causal.flex import recompile_room
+from attention.reference import canonical_weights, kv_heads_state
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = {"float32": torch.float32, "tf32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -173,22 +174,6 @@ def resolve_device(device):
     if device == "mps" and not torch.backends.mps.is_available():
         raise ValueError("device='mps' requested but torch.backends.mps.is_available() is False")
     return torch.device(device)
-
-
-def canonical_weights(d_in, d_out, seed):
-    """The shared weights, drawn as `nn.Linear` would (uniform in ±1/sqrt(fan_in)), float32 on CPU."""
-    generator = torch.Generator().manual_seed(seed)
-    shapes = {"query.weight": (d_out, d_in), "key.weight": (d_out, d_in), "value.weight": (d_out, d_in),
-              "out.weight": (d_out, d_out), "out.bias": (d_out,)}  # fan_in: the last dimension
-    return {name: (torch.rand(*shape, generator=generator) * 2 - 1) * (1 / math.sqrt(shape[-1]))
-            for name, shape in shapes.items()}
-
-
-def kv_heads_state(state, num_heads, num_kv_heads):
-    """`state` for a module with `num_kv_heads` K/V heads: the first `num_kv_heads` heads' rows of `key.*` and
-    `value.*` (all of them, so the very same tensors, for multi-head classes)."""
-    kv_rows = num_kv_heads * (state["query.weight"].shape[0] // num_heads)
-    return {name: tensor[:kv_rows] if name.startswith(("key.", "value.")) else tensor for name, tensor in state.items()}
 
 
 def select_implementations(implementations, names):

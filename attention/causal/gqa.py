@@ -228,6 +228,12 @@ class KVCache:
         key_pos = torch.arange(self.length, device=k.device)  # (length,)
         return keys, values, query_pos[:, None] >= key_pos[None, :]  # (T, length): lower-right causal
 
+    def rewind(self, length):
+        """Forget every position from `length` on: the next chunk starts at position `length`."""
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self.length:
+            raise ValueError(f"length must be an int in [0, {self.length}] (the positions cached), got length={length!r}")
+        self.length = length
+
 
 class SlidingWindowKVCache:
     """The first `sinks` positions and the last `window` positions, in `(B, H_kv, sinks + window, D)` slots.
@@ -277,6 +283,21 @@ class SlidingWindowKVCache:
         recent = (query_pos[:, None] - key_pos[None, :] < self.window) | (key_pos[None, :] < self.sinks)
         mask = (key_pos[None, :] >= 0) & (key_pos[None, :] <= query_pos[:, None]) & recent  # (T, S)
         return keys, values, (None if bool(mask.all()) else mask)
+
+    def rewind(self, length):
+        """Forget every position from `length` on: the next chunk starts at position `length`.
+
+        `ValueError` if a position the next query needs (the sinks, and the `window - 1` before `length`)
+        was already evicted: the ring no longer holds it.
+        """
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self.length:
+            raise ValueError(f"length must be an int in [0, {self.length}] (the positions seen), got length={length!r}")
+        needed = [p for p in range(length) if p < self.sinks or p > length - self.window]
+        evicted = sorted(set(needed) - set(self.positions.tolist()))
+        if evicted:
+            raise ValueError(f"cannot rewind to length={length}: position(s) {evicted[:5]} were evicted from the window")
+        self.positions[self.positions >= length] = -1  # those slots are empty again
+        self.length = length
 
     def _write(self, k, v, positions):
         keep = (positions < self.sinks) | (positions >= positions[-1] + 1 - self.window)  # the rest would be evicted
