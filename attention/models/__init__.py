@@ -1,0 +1,74 @@
+"""Attention layers of current open models, each equal to transformers' own layer: one file per family.
+
+`ModelAttention` below is the family's contract, written once; every class in `MODELS` keeps it, the
+tests check it (against transformers' layer and against `attention.reference`), and the pages point
+here instead of restating it. The causal family (`attention.causal.CausalSelfAttention`) is a
+separate contract: these classes mirror real models (their parameter names, configs and quirks), the
+causal classes mirror the textbook.
+
+Each file imports only torch (and the KV caches of `attention/causal/gqa.py`, which they reuse);
+small helpers repeated across files are marked copies (`# Same as attention/models/__init__.py::config_value`),
+kept identical by tests/test_copies.py.
+"""
+
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+REQUIRED = object()  # `config_value`'s default: the field must be present
+
+
+@runtime_checkable
+class ModelAttention(Protocol):
+    """What every model family's attention layer provides.
+
+    * **`cls.from_config(config, layer_idx)`**: the attention of layer `layer_idx` of a model whose
+      configuration is `config`: transformers' config object, or any object or mapping with the same
+      field names (`hidden_size`, `num_attention_heads`, `num_key_value_heads`, `head_dim`, `rope_theta`
+      or `rope_parameters`, `sliding_window`, `layer_types`, ...). The package never imports transformers.
+      A missing field raises `ValueError` naming it; an unknown `model_type` in `MODELS` raises
+      `KeyError` listing the known ones.
+    * **Parameters** named as transformers names them (`q_proj.weight`, `k_norm.weight`, `sinks`, ...), so
+      `module.load_state_dict(hf_layer.state_dict())` loads a real checkpoint's layer unchanged. A
+      state dict that does not fit raises naming the key and both shapes.
+    * **`module(x)`**: causal self-attention over positions `0 .. T-1`, `(B, T, hidden_size) ->
+      (B, T, hidden_size)`, with the layer's window where it is local (`layer_type`).
+    * **`layer_type`**: transformers' name for the layer's kind, `"full_attention"` or
+      `"sliding_attention"` (or the family's own where it has another, e.g. chunked attention).
+    * **Decoding**: `module.new_cache(batch_size, capacity)` makes an empty cache
+      (`attention.causal.DecodingCache`); `module(x, cache=cache)` continues the cached sequence with
+      `x`. A local layer's cache holds at most its window, whatever `capacity`; a cache made by
+      another layer (another shape or kind) is refused with `ValueError`.
+    """
+
+    layer_type: str
+
+    @classmethod
+    def from_config(cls, config: Any, layer_idx: int) -> "ModelAttention": ...
+
+    def forward(self, x: torch.Tensor, cache: Any = None) -> torch.Tensor: ...
+
+    def new_cache(self, batch_size: int, capacity: int) -> Any: ...
+
+
+def config_value(config, name, default=REQUIRED):
+    """`config.name`, or `config[name]` for a mapping; `default` if absent, `ValueError` naming it if required."""
+    if isinstance(config, dict):
+        value = config.get(name, default)
+    else:
+        value = getattr(config, name, default)
+    if value is REQUIRED:
+        kind = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
+        raise ValueError(f"config lacks the field {name!r} (model_type={kind!r})")
+    return value
+
+
+class Registry(dict):
+    """A dict whose failed lookup names the valid keys."""
+
+    def __missing__(self, name):
+        raise KeyError(f"unknown model_type {name!r}; attention.models.MODELS has: {', '.join(sorted(self))}")
+
+
+# transformers' `model_type` -> the class that builds that model's attention layer (`from_config`).
+MODELS = Registry()
