@@ -634,3 +634,19 @@ def test_add_your_device_page_is_filled_from_the_hook(result, tmp_path, monkeypa
     duration = result["provenance"]["duration_s"] / 60
     assert (f"The default-profile runs recorded for this site took: {result['provenance']['device']['name']}, "
             f"{result['dtype']}: {duration:.0f} minutes.") in markdown
+
+
+def test_cpu_flags_and_their_label(tmp_path):
+    from attention.bench.provenance import cpu_features_label, cpu_flags
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\n"
+                       "flags\t\t: fpu sse avx2 fma avx512f avx512_bf16 amx_tile amx_bf16 amx_int8\n")
+    flags = cpu_flags(cpuinfo)
+    assert flags == ["avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"]
+    assert cpu_features_label(flags) == "AMX"
+    assert cpu_features_label(["avx2", "fma", "avx512f"]) == "AVX-512"
+    assert cpu_features_label(["avx2", "fma"]) == "AVX2"
+    assert cpu_features_label([]) == "no AVX2"
+    assert cpu_features_label(None) == "flags unknown"
+    assert cpu_flags(tmp_path / "missing") is None

@@ -81,6 +81,32 @@ def cpu_name():
             or platform.processor() or platform.machine() or "unknown CPU")
 
 
+# CPU flags that change what a benchmark measures: vector width (AVX2, AVX-512), fused multiply-add, and the
+# bfloat16 and float16 instructions (AVX-512 BF16/FP16, AMX tiles), without which low-precision matmuls are
+# emulated and can run slower than float32. Linux names, as in /proc/cpuinfo.
+RESULT_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16", "amx_int8")
+
+
+def cpu_flags(cpuinfo="/proc/cpuinfo"):
+    """The `RESULT_FLAGS` this CPU has, in that order (Linux, from /proc/cpuinfo); None where unknown."""
+    flags = _proc_field(cpuinfo, "flags")
+    if flags is None:
+        return None
+    present = set(flags.split())
+    return [flag for flag in RESULT_FLAGS if flag in present]
+
+
+def cpu_features_label(flags):
+    """A short label of what sets the CPU's matmul speed: "AMX", "AVX-512 BF16", "AVX-512", "AVX2", "no AVX2",
+    or "flags unknown" for `flags` None (a run recorded before the flags were)."""
+    if flags is None:
+        return "flags unknown"
+    for flag, label in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX-512 BF16"), ("avx512f", "AVX-512"), ("avx2", "AVX2")):
+        if flag in flags:
+            return label
+    return "no AVX2"
+
+
 def available_memory_bytes():
     """Memory available to new processes in bytes (Linux /proc/meminfo `MemAvailable`), else None."""
     try:
@@ -100,7 +126,7 @@ def total_memory_bytes():
 def device_info(device):
     """Name and size of the device the benchmark runs on, plus the CPU it runs from."""
     device = torch.device(device)
-    info = {"type": device.type, "cpu": cpu_name(), "cpu_count": os.cpu_count(),
+    info = {"type": device.type, "cpu": cpu_name(), "cpu_flags": cpu_flags(), "cpu_count": os.cpu_count(),
             "torch_num_threads": torch.get_num_threads(), "host_memory_bytes": total_memory_bytes()}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
