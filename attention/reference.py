@@ -106,14 +106,100 @@ def reference_kernel(q, k, v, mask=None, bias=None, *, scale=None, softcap=None,
 
 def rotate_pairs(x, base):
     """Rotate the pair `(x[..., i], x[..., i + D/2])` at position t by `t * base ** (-2i / D)`; x is `(B, H, T, D)`."""
-    T, D = x.shape[-2], x.shape[-1]
-    half = D // 2
-    i = torch.arange(half, dtype=torch.float64)
-    t = torch.arange(T, dtype=torch.float64)
-    theta = t[:, None] * base ** (-2 * i / D)[None, :]  # (T, D/2)
-    cos, sin = torch.cos(theta), torch.sin(theta)
-    first, second = x[..., :half], x[..., half:]
-    return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+    inverse_frequencies, _ = rope_inverse_frequencies(x.shape[-1], base)
+    return apply_rotary(x, torch.arange(x.shape[-2]), inverse_frequencies)
+
+
+def rope_inverse_frequencies(rotary_dim, base, scaling=None):
+    """Rotary embeddings' angle per position for each pair of `rotary_dim` features, in float64, and the factor
+    the rotated queries and keys are multiplied by.
+
+    Pair `i` (of `rotary_dim / 2`) turns by `position * inverse_frequencies[i]`; unscaled,
+    `inverse_frequencies[i] = base ** (-2i / rotary_dim)` (Su et al., 2021, https://arxiv.org/abs/2104.09864).
+    `scaling` (a model's `rope_parameters` / `rope_scaling`, `None` or `rope_type` "default" for none) stretches
+    the slow pairs to reach longer contexts:
+
+    * `"linear"` (`factor`): every frequency divided by `factor` (position interpolation,
+      https://arxiv.org/abs/2306.15595).
+    * `"llama3"` (`factor`, `low_freq_factor`, `high_freq_factor`, `original_max_position_embeddings`):
+      Llama 3.1's rule, from Meta's reference code: pairs whose wavelength exceeds
+      `original / low_freq_factor` are divided by `factor`, those below `original / high_freq_factor` kept,
+      those between blended linearly in `original / wavelength`.
+    * `"yarn"` (`factor`, `original_max_position_embeddings`, optional `beta_fast` 32, `beta_slow` 1,
+      `mscale`, `mscale_all_dim`, `attention_factor`, `truncate` True): YaRN (Peng et al., 2023,
+      https://arxiv.org/abs/2309.00071) as its reference code computes it: pair index `d` where a pair
+      turns `beta` times over the original context is `rotary_dim * ln(original / (2 pi beta)) / (2 ln base)`;
+      pairs below the `beta_fast` index keep their frequency, pairs past the `beta_slow` index are divided by
+      `factor`, and a linear ramp in the pair index blends between (bounds floored and ceiled when
+      `truncate`). The attention factor is `0.1 * ln(factor) + 1` (or, given both `mscale` and
+      `mscale_all_dim`, the ratio of that formula at each), unless `attention_factor` is given.
+
+    Returns:
+        `(inverse_frequencies, attention_factor)`: `(rotary_dim / 2,)` float64 and a float (1.0 but for YaRN).
+    """
+    pair = torch.arange(rotary_dim // 2, dtype=torch.float64)
+    inverse_frequencies = base ** (-2 * pair / rotary_dim)
+    kind = "default" if scaling is None else scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return inverse_frequencies, 1.0
+    factor = scaling["factor"]
+    if kind == "linear":
+        return inverse_frequencies / factor, 1.0
+    if kind == "llama3":
+        original = scaling["original_max_position_embeddings"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        wavelength = 2 * math.pi / inverse_frequencies
+        blend = ((original / wavelength - low) / (high - low)).clamp(0, 1)  # 0: slow pairs, 1: fast pairs
+        scaled = (1 - blend) * inverse_frequencies / factor + blend * inverse_frequencies
+        return scaled, 1.0
+    if kind == "yarn":
+        original = scaling["original_max_position_embeddings"]
+        beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+        def pair_turning(turns):  # the (fractional) pair index that turns `turns` times over the original context
+            return rotary_dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = pair_turning(beta_fast), pair_turning(beta_slow)
+        if scaling.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, rotary_dim - 1)
+        ramp = ((pair - low) / ((high - low) or 0.001)).clamp(0, 1)  # 0: keep the frequency, 1: divide by factor
+        scaled = (1 - ramp) * inverse_frequencies + ramp * inverse_frequencies / factor
+
+        def magnitude(scale, multiplier=1.0):
+            return 1.0 if scale <= 1 else 0.1 * multiplier * math.log(scale) + 1.0
+
+        attention_factor = scaling.get("attention_factor")
+        if attention_factor is None:
+            mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+            attention_factor = (magnitude(factor, mscale) / magnitude(factor, mscale_all_dim)
+                                if mscale and mscale_all_dim else magnitude(factor))
+        return scaled, float(attention_factor)
+    raise ValueError(f"rope scaling type must be default, linear, llama3 or yarn, got {kind!r}")
+
+
+def apply_rotary(x, positions, inverse_frequencies, attention_factor=1.0, interleaved=False):
+    """`x` `(B, H, T, D)` at `positions` `(T,)` rotated in float64, times `attention_factor`.
+
+    The first `2 * len(inverse_frequencies)` features rotate (the rest, if any, pass unchanged: partial
+    rotary embeddings). Pairs are `(i, i + R/2)` of those `R` features (the rotate-half layout of GPT-NeoX,
+    Llama and transformers) or, with `interleaved`, `(2i, 2i + 1)` (the paper's and Meta's original layout).
+    """
+    x = x.to(torch.float64)
+    rotary_dim = 2 * inverse_frequencies.shape[0]
+    angles = positions.to(torch.float64)[:, None] * inverse_frequencies.to(torch.float64)[None, :]  # (T, R/2)
+    cos, sin = torch.cos(angles) * attention_factor, torch.sin(angles) * attention_factor
+    rotary, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+    if interleaved:
+        first, second = rotary[..., 0::2], rotary[..., 1::2]
+    else:
+        first, second = rotary[..., : rotary_dim // 2], rotary[..., rotary_dim // 2:]
+    turned_first, turned_second = first * cos - second * sin, second * cos + first * sin
+    if interleaved:
+        rotated = torch.stack([turned_first, turned_second], dim=-1).flatten(-2)  # (.., R): pairs back in place
+    else:
+        rotated = torch.cat([turned_first, turned_second], dim=-1)
+    return torch.cat([rotated, rest], dim=-1)  # the features past rotary_dim pass unchanged
 
 
 def reference_alibi_slopes(num_heads):
