@@ -45,6 +45,26 @@ def test_every_step_equals_the_full_forward(num_kv_heads, prompt_length, chunk, 
             assert cache.length == stop
 
 
+@pytest.mark.parametrize("decode_kernel", ["auto", "matmul"])
+@pytest.mark.parametrize("num_kv_heads", [8, 2, 1], ids=["MHA", "GQA", "MQA"])
+def test_batch_one_decode_steps_equal_the_full_forward(num_kv_heads, decode_kernel):
+    """One token of one sequence takes the row-split projections (`row_split_linear`), a path of its own:
+    with projection biases, every step equals the full forward pass."""
+    torch.manual_seed(0)
+    module = GroupedQueryAttention(24, 32, 32, 0.0, 8, qkv_bias=True, num_kv_heads=num_kv_heads,
+                                   decode_kernel=decode_kernel).eval()
+    with torch.no_grad():
+        for layer in (module.query, module.key, module.value, module.out):
+            layer.bias.normal_()  # nn.Linear starts its biases small: make a dropped bias show
+        x = torch.randn(1, 12, 24)
+        full = module(x)
+        cache = module.new_cache(1, 12)
+        module(x[:, :4], cache=cache)  # prefill
+        for t in range(4, 12):
+            torch.testing.assert_close(module(x[:, t:t + 1], cache=cache), full[:, t:t + 1], **TOL,
+                                       msg=lambda m: f"position {t}: {m}")
+
+
 def test_is_causal_aligns_top_left_and_the_cache_mask_lower_right():
     module = build(2)
     x = torch.randn(2, 15, 24)
