@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from helpers import tolerance
 
-from attention.causal.gqa import GroupedQueryAttention, KVCache, SlidingWindowKVCache
+from attention.causal.gqa import GroupedQueryAttention, KVCache, SlidingWindowKVCache, grouped_decode_attention
 from attention.masks import and_masks, attention_sinks, causal, dense_mask, or_masks, sliding_window
 from attention.reference import expand_kv_heads, reference_attention
 
@@ -219,6 +219,34 @@ def test_rewind_repeats_a_step_exactly_and_keeps_the_contract(kind):
     for bad in (-1, 23, 2.0, True):
         with pytest.raises(ValueError, match="length must be an int"):
             cache.rewind(bad)
+
+
+def test_a_chunk_after_a_rewind_sees_only_what_the_rewind_kept():
+    """Positions from the rewind on are forgotten: a chunk that follows attends to its own keys, not also to the
+    ones it replaces (the chunk path attends over the ring and the chunk together). A window longer than the
+    sequence keeps every position, so the cache may rewind by more than one step."""
+    module = build(2)
+    x, other = torch.randn(2, 24, 24), torch.randn(2, 4, 24)
+    with torch.no_grad():
+        cache = module.new_cache(2, window=30, sinks=2)
+        module(x, cache=cache)
+        cache.rewind(20)
+        out = module(other, cache=cache)  # positions 20..23 again, other tokens
+        fresh = module.new_cache(2, window=30, sinks=2)
+        module(x[:, :20], cache=fresh)
+        expected = module(other, cache=fresh)
+    torch.testing.assert_close(out, expected, **TOL)
+
+
+def test_grouped_decode_attention_gives_zeros_to_a_query_with_no_key():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    mask[1] = False  # query 1 may attend to nothing
+    out = grouped_decode_attention(q, k, v, mask)  # (1, 4, 3, 8)
+    assert not out.isnan().any() and torch.equal(out[:, :, 1], torch.zeros(1, 4, 8))
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  # rows with a key
+    torch.testing.assert_close(out[:, :, [0, 2]], expected[:, :, [0, 2]], **TOL)
 
 
 def test_sliding_window_refuses_to_rewind_past_what_it_evicted():

@@ -128,6 +128,7 @@ def test_density():
     assert density(sliding_window(1), 8) == pytest.approx(1 / 8)
     assert density(local_window(0), 5, 5) == pytest.approx(1 / 5)
     assert density(key_padding(torch.tensor([1, 4])), 4, batch=2) == pytest.approx((4 + 16) / 32)
+    assert density(causal, 2, 4) == pytest.approx(3 / 8)  # unequal lengths: (Tq, Tk) = (2, 4)
 
 
 @pytest.mark.parametrize("make, argument, message", [
@@ -168,6 +169,7 @@ FLEX_CASES = {
     "bigbird": (bigbird(2, 1, 3, max_len=128, seed=0), 128, 128, None),
     "key_padding_unequal_lengths": (key_padding(torch.tensor([40, 120])), 128, 128, 2),
     "prefix_lm_per_sequence": (prefix_lm(torch.tensor([3, 70])), 128, 128, 2),
+    "key_padding_more_keys_than_queries": (key_padding(torch.tensor([200, 256])), 128, 256, 2),
 }
 
 
