@@ -233,15 +233,19 @@ def render(recorded):
     return "\n".join(lines).rstrip() + "\n"
 
 
-def record_areas(results, started, areas):
-    """Replace the records of `areas` in results.json with this run's, and render latest.md again."""
+def provenance():
+    """What the copy is taken from, read when it is taken: the commit, and whether the copied paths differ from it."""
     import torch
 
+    return {"commit": git("rev-parse", "HEAD"), "tree_clean": git("status", "--porcelain", "--", *COPIED) == "",
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "python": platform.python_version(), "torch": torch.__version__}
+
+
+def record_areas(results, source, started, areas):
+    """Replace the records of `areas` in results.json with this run's, and render latest.md again."""
     recorded = json.loads(RESULTS.read_text(encoding="utf-8")) if RESULTS.exists() else {"areas": {}}
-    common = {"commit": git("rev-parse", "HEAD"), "tree_clean": git("status", "--porcelain", "--", *COPIED) == "",
-              "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "python": platform.python_version(), "torch": torch.__version__,
-              "wall_seconds_of_the_whole_run": round(time.perf_counter() - started)}
+    common = {**source, "wall_seconds_of_the_whole_run": round(time.perf_counter() - started)}
     for area in areas:
         command = COMMAND if len(areas) > 1 else f"{COMMAND} --area {area}"
         recorded["areas"][area] = {"command": command, **common,
@@ -273,6 +277,7 @@ def main(argv=None):
     if found:
         raise SystemExit("fix these entries first:\n" + "\n".join(found))
     started = time.perf_counter()
+    source = provenance()
     copies = [make_copy() for _ in range(max(1, args.jobs))]
     try:
         check_the_copy_is_imported(copies[0])
@@ -300,7 +305,7 @@ def main(argv=None):
     print(f"score: {total['percent']}% ({total['killed']} of {total['counted']} non-equivalent mutants killed, "
           f"{total['equivalent']} equivalent, {total['errors']} errors)")
     if not args.mutant:
-        record_areas(ordered, started, sorted({area for area, _ in mutants}))
+        record_areas(ordered, source, started, sorted({area for area, _ in mutants}))
     return 1 if total["errors"] else 0
 
 
