@@ -159,14 +159,15 @@ def check_the_copy_is_imported(copy):
         raise SystemExit(f"the copy's tests import attention from {found}, not from {copy}")
 
 
-def baseline(copy, selections):
+def baseline(copies, selections):
     """Every distinct selection, unmutated, must pass (a failing one would make every kill meaningless)."""
     failures = []
-    for tests in selections:
-        code, output = run_pytest(copy, tests)
-        print(f"  baseline {'ok  ' if code == PASSED else 'FAIL'} {tests}", flush=True)
-        if code != PASSED:
-            failures.append(f"{tests} (exit {code}): {first_failure(output) or output[-2000:]}")
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(copies)) as pool:
+        runs = pool.map(lambda job: (job[1], *run_pytest(copies[job[0] % len(copies)], job[1])), enumerate(selections))
+        for tests, code, output in runs:
+            print(f"  baseline {'ok  ' if code == PASSED else 'FAIL'} {tests}", flush=True)
+            if code != PASSED:
+                failures.append(f"{tests} (exit {code}): {first_failure(output) or output[-2000:]}")
     if failures:
         raise SystemExit("these selections fail without any mutant:\n" + "\n".join(failures))
 
@@ -282,7 +283,7 @@ def main(argv=None):
     try:
         check_the_copy_is_imported(copies[0])
         print(f"{len(mutants)} mutants; baseline of {len({m.tests for _, m in mutants})} test selections", flush=True)
-        baseline(copies[0], sorted({m.tests for _, m in mutants}))
+        baseline(copies, sorted({m.tests for _, m in mutants}))
         free = list(copies)
         results = {}
 
