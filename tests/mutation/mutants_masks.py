@@ -11,9 +11,9 @@ WINDOW_TESTS = "tests/test_masks.py tests/test_kv_cache.py"
 
 MUTANTS = [
     # --8<-- [start:example]
-    Mutant("causal_excludes_the_diagonal", PATTERNS,
+    Mutant("causal_excludes_the_diagonal", "attention/masks/patterns.py",
            "    return q_idx >= kv_idx\n", "    return q_idx > kv_idx\n",
-           "off by one: a query no longer attends to itself (row 0 attends to nothing)", MASK_TESTS),
+           "off by one: a query no longer attends to itself (row 0 attends to nothing)", "tests/test_masks.py"),
     # --8<-- [end:example]
     Mutant("causal_transposed", PATTERNS,
            "    return q_idx >= kv_idx\n", "    return q_idx <= kv_idx\n",
