@@ -15,7 +15,9 @@ def implementation(name):
 
 
 CAUSAL = "attention/causal/"
-TILED_TESTS = "tests/test_tiled.py " + implementation("tiled")
+# -k matches file names too, so this is all of tests/test_tiled.py but its memory test (tens of seconds,
+# and no bug here changes memory) plus the shared tests of the tiled class.
+TILED_TESTS = "tests/test_tiled.py tests/test_implementations.py -k 'tiled and not memory'"
 GQA_TESTS = "tests/test_gqa.py"
 
 MUTANTS = [
