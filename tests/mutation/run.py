@@ -212,6 +212,8 @@ def git(*args):
 def render(recorded):
     """The Markdown summary of the recorded runs (tests/mutation/latest.md, included in docs/contributing.md)."""
     areas = recorded["areas"]
+    if not areas:
+        return f"No run is recorded yet: `{COMMAND}` records one.\n"
     results = [r for area in sorted(areas) for r in areas[area]["results"]]
     total = score(results)
     lines = [
