@@ -1,8 +1,9 @@
-"""Measurements: time, FLOPs, the same run's matmul rate, peak memory and the SDPA backend that ran.
+"""Measurements: time, FLOPs, the yardsticks (a matmul's rate, a large read's bandwidth), peak memory and
+the SDPA backend that ran.
 
-Every function here measures one thing about one callable and knows nothing about attention
-implementations; `attention.bench.harness` strings them together. docs/benchmark-schema.md states
-the conventions (FLOPs, timing, correctness, memory) once.
+Every function here measures one thing about one callable and knows nothing about the sweeps;
+`attention.bench.core.measure` strings them together. docs/benchmark-schema.md states the conventions
+(FLOPs, timing, correctness, memory) once.
 """
 
 import gc
@@ -10,6 +11,7 @@ import math
 import os
 import re
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -17,17 +19,23 @@ import torch
 # convention (the recomputation of P is not counted); the projections compute input and weight gradients.
 BACKWARD_FACTOR_ATTENTION = 2.5
 BACKWARD_FACTOR_PROJECTIONS = 2.0
+# A CPU row whose process got less than this share of its threads' time was measured while other work
+# competed for the cores: its time overstates the implementation's cost.
+CONTENDED_BELOW = 0.8
 
 
-def attention_flops(batch, seq_len, d_in, d_out, num_heads, mode, num_kv_heads=None):
+def attention_flops(shape, mode):
     """`{"attention", "projections", "total"}`: useful FLOPs (ints) of one call of causal self-attention.
 
-    A multiply-add counts as 2. Projections: `2*B*T*d_in*(d_out + 2*d_kv) + 2*B*T*d_out*d_out`, with
-    `d_kv = num_kv_heads * D` the key and value width (`d_out` unless grouped-query); attention core:
-    `4*B*H*T^2*D` (Q K^T and P V, D = d_out / H), halved for the causal mask. Softmax, masking, bias
-    and reshapes are not counted, so the count is the same for every implementation of one model
-    whatever extra work it does. `mode` is "forward" or "forward_backward" (forward plus backward).
+    `shape` holds `batch`, `seq_len`, `d_in`, `d_out`, `num_heads` and `num_kv_heads` (None: `num_heads`), as a
+    row of the sequence sweep does. A multiply-add counts as 2. Projections: `2*B*T*d_in*(d_out + 2*d_kv) +
+    2*B*T*d_out*d_out`, with `d_kv = num_kv_heads * D` the key and value width; attention core:
+    `4*B*H*T^2*D` (Q K^T and P V, D = d_out / H), halved for the causal mask. Softmax, masking, bias and
+    reshapes are not counted, so the count is the same for every implementation of one model whatever
+    extra work it does. `mode` is "forward" or "forward_backward" (forward plus backward).
     """
+    batch, seq_len, d_in, d_out, num_heads = (shape[key] for key in ("batch", "seq_len", "d_in", "d_out", "num_heads"))
+    num_kv_heads = shape.get("num_kv_heads")
     d_kv = d_out if num_kv_heads is None else num_kv_heads * (d_out // num_heads)
     projections = 2 * batch * seq_len * d_in * (d_out + 2 * d_kv) + 2 * batch * seq_len * d_out * d_out
     core = 4 * batch * num_heads * seq_len * seq_len * (d_out // num_heads) // 2
@@ -81,13 +89,21 @@ def time_first_call(fn, device):
     return time.perf_counter() - start, result
 
 
-def time_callable(fn, device, min_run_time=1.0, min_repeats=5, warmup_time=0.25, warm_s=0.0, per_call_hint=None,
-                  paired=None):
+class Timing(NamedTuple):
+    """How long to time one measurement: seconds of measurement, blocks at least, seconds of warm-up. A
+    sweep's config carries the same three fields, and serves as well."""
+
+    min_run_time: float = 1.0
+    min_repeats: int = 5
+    warmup_time: float = 0.25
+
+
+def time_callable(fn, device, timing=Timing(), paired=None, warm=(0.0, None)):
     """Median and spread of the time of one call of `fn`, and optionally of a yardstick timed beside it.
 
-    Warm-up: calls `fn` until `warmup_time` seconds of calls have passed, counting `warm_s` seconds
-    of calls the caller already made, timing each call to estimate its cost. Measurement: blocks of
-    `calls_per_repeat` back-to-back calls, the device synchronized before and after each block, the
+    Warm-up: calls `fn` until `timing.warmup_time` seconds of calls have passed, counting the seconds of
+    calls the caller already made (`warm`), timing each call to estimate its cost. Measurement: blocks
+    of `calls_per_repeat` back-to-back calls, the device synchronized before and after each block, the
     block size chosen so a block lasts about `min_run_time / min_repeats` (at most 50 ms), until at
     least `min_repeats` blocks and `min_run_time` seconds are done. This is
     `torch.utils.benchmark.Timer.blocked_autorange`'s scheme, with a guaranteed number of blocks
@@ -100,10 +116,10 @@ def time_callable(fn, device, min_run_time=1.0, min_repeats=5, warmup_time=0.25,
 
     Args:
         fn, device: a callable without arguments, and the device to synchronize around each block.
-        min_run_time, min_repeats, warmup_time: seconds of measurement, blocks, seconds of warm-up.
-        warm_s: seconds of calls of `fn` already made just before (they count as warm-up).
-        per_call_hint: seconds of one call, measured by the caller; without it a warm-up call is timed.
+        timing: a `Timing` (or any object with its three fields, such as a sweep's config).
         paired: a callable without arguments timed in blocks interleaved with `fn`'s, or None.
+        warm: `(seconds, per_call)`: seconds of calls of `fn` just made (they count as warm-up), and the
+            seconds of one call measured by the caller (None: a warm-up call is timed).
 
     Returns:
         `ms_median`, `ms_q1`, `ms_q3`, `ms_iqr`, `ms_min`, `ms_max` (per call, over the blocks),
@@ -111,6 +127,8 @@ def time_callable(fn, device, min_run_time=1.0, min_repeats=5, warmup_time=0.25,
         blocks only); with `paired`, also `paired_ms_median`, `paired_ms_iqr` (per call of `paired`,
         over its blocks) and `paired_repeats`.
     """
+    min_run_time, min_repeats, warmup_time = timing.min_run_time, timing.min_repeats, timing.warmup_time
+    warm_s, per_call_hint = warm
     clock = time.perf_counter
 
     def run_block(callable_, calls):
@@ -170,6 +188,36 @@ def matmul_call(device, dtype, size):
     return (lambda: torch.mm(a, b)), 2 * size**3
 
 
+def bandwidth_call(device, dtype, nbytes=2**29):
+    """`(call, bytes)`: a sum over one `nbytes` tensor (512 MiB: far past any cache level) in `dtype` on
+    `device`, and the bytes it reads. A read, like a decode step: a copy would also write."""
+    elements = nbytes // torch.empty((), dtype=dtype).element_size()
+    data = torch.rand(elements, generator=torch.Generator().manual_seed(0)).to(device=device, dtype=dtype)
+    return (lambda: data.sum()), data.nbytes
+
+
+def bandwidth_rate(device, dtype, nbytes=2**29, min_run_time=0.5):
+    """`{"read_gbps", "copy_gbps"}`: a large sum's read rate and a large copy's (read + write bytes), GB/s."""
+    read, read_bytes = bandwidth_call(device, dtype, nbytes)
+    source = torch.rand(nbytes // 4, generator=torch.Generator().manual_seed(1)).to(device)  # float32
+    target = torch.empty_like(source)
+    rates = {}
+    for name, call, moved in (("read_gbps", read, read_bytes), ("copy_gbps", lambda: target.copy_(source),
+                                                                2 * source.nbytes)):
+        timing = time_callable(call, device, Timing(min_run_time, 5, 0.1))
+        rates[name] = moved / (timing["ms_median"] * 1e-3) / 1e9
+    return rates
+
+
+def unique_graphs():
+    """TorchDynamo's count of graphs compiled so far in this process, or None where it cannot be read."""
+    try:
+        from torch._dynamo.utils import counters
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:  # noqa: BLE001 - an internal counter; without it compile detection is off, not the run
+        return None
+
+
 def matmul_rate(device, dtype, size, min_run_time=1.0, warmup_time=0.5):
     """`{"size", "ms_median", "ms_iqr", "tflops", "cpu_utilization"}` of one dense `(size, size) @ (size,
     size)` matmul in `dtype` on `device` (TensorFloat-32 for float32 only if the caller enabled it).
@@ -179,7 +227,7 @@ def matmul_rate(device, dtype, size, min_run_time=1.0, warmup_time=0.5):
     the same conditions.
     """
     call, flops = matmul_call(device, dtype, size)
-    timing = time_callable(call, device, min_run_time=min_run_time, min_repeats=10, warmup_time=warmup_time)
+    timing = time_callable(call, device, Timing(min_run_time, 10, warmup_time))
     return {"size": size, "ms_median": timing["ms_median"], "ms_iqr": timing["ms_iqr"],
             "tflops": flops / (timing["ms_median"] * 1e-3) / 1e12, "cpu_utilization": timing["cpu_utilization"]}
 

@@ -4,7 +4,7 @@
 the tree had uncommitted changes), the exact command line, and a sha256 of every `*.py` file of the
 `attention` package that can change a measurement (all but the `PRESENTATION_ONLY` modules).
 `source_hash` recomputes it for the code as it is now, so the docs can say when a recorded run
-predates the code that would measure it today (`render.is_stale`); a new chart does not.
+predates the code that would measure it today (`is_stale`, `changed_sources`); a new chart does not.
 """
 
 import datetime
@@ -22,7 +22,7 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]  # .../attention
 REPO_DIR = PACKAGE_DIR.parent
 
 # Modules that only draw or format results and never run while measuring: left out of the hash.
-PRESENTATION_ONLY = ("bench/render.py", "display.py", "plotting.py")
+PRESENTATION_ONLY = ("bench/compare.py", "bench/format.py", "bench/render.py", "display.py", "plotting.py")
 
 
 def source_files(package_dir=PACKAGE_DIR):
@@ -45,6 +45,17 @@ def source_hash(package_dir=PACKAGE_DIR):
     for path, file_hash in source_files(package_dir).items():
         digest.update(f"{path}\0{file_hash}\n".encode())
     return digest.hexdigest()
+
+
+def changed_sources(result):
+    """Package files added, removed or edited since the run of `result`: `["attention/causal/flex.py", ...]`."""
+    recorded, current = result["provenance"].get("source_files", {}), source_files()
+    return sorted(path for path in set(recorded) | set(current) if recorded.get(path) != current.get(path))
+
+
+def is_stale(result):
+    """True when the recorded `provenance.source_hash` differs from `source_hash()` of the code now."""
+    return result["provenance"].get("source_hash") != source_hash()
 
 
 def _output(*command, timeout=10):
