@@ -178,7 +178,7 @@ def test_benchmarks_page_shows_long_runs_in_their_own_section(long_result, tmp_p
     section = hook.runs_section("long")
     assert "**`docs/results/long/cpu-long-test.json`**" in section
     assert "| pattern | Flex faster from |" in section and "| causal |" in section and "| document |" in section
-    assert section.count("![") == 7  # bars, share, time and memory per mode, block sparsity
+    assert section.count("![") == 6  # bars, time and memory per mode, block sparsity
     assert "| 256 | 50% | 75% |" in section  # causal at T=256: 50% of the pairs (rounded), 3 of 4 blocks
     page = type("Page", (), {"file": type("File", (), {"src_uri": "benchmarks.md"})()})()
     markdown = hook.on_page_markdown((ROOT / "docs" / "benchmarks.md").read_text(), page, None, None)

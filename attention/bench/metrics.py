@@ -1,10 +1,6 @@
-"""Measurements: time, FLOPs, the yardsticks (a matmul's rate, a large read's bandwidth), peak memory and
-the SDPA backend that ran.
-
-Every function here measures one thing about one callable and knows nothing about the sweeps;
-`attention.bench.core.measure` strings them together. docs/benchmark-schema.md states the conventions
-(FLOPs, timing, correctness, memory) once.
-"""
+"""Measurements: time, FLOPs, the yardsticks (a matmul's rate, a large read's bandwidth), peak memory and the
+SDPA backend that ran. Each measures one thing about one callable; `core.measure` strings them together, and
+docs/benchmark-schema.md states the conventions (FLOPs, timing, correctness, memory)."""
 
 import gc
 import math
@@ -114,18 +110,11 @@ def time_callable(fn, device, timing=Timing(), paired=None, warm=(0.0, None)):
     yardstick, fn, yardstick, fn, ..., yardstick. The two are then measured under the same machine
     conditions, so their ratio does not move when the machine's speed drifts during a long run.
 
-    Args:
-        fn, device: a callable without arguments, and the device to synchronize around each block.
-        timing: a `Timing` (or any object with its three fields, such as a sweep's config).
-        paired: a callable without arguments timed in blocks interleaved with `fn`'s, or None.
-        warm: `(seconds, per_call)`: seconds of calls of `fn` just made (they count as warm-up), and the
-            seconds of one call measured by the caller (None: a warm-up call is timed).
-
-    Returns:
-        `ms_median`, `ms_q1`, `ms_q3`, `ms_iqr`, `ms_min`, `ms_max` (per call, over the blocks),
-        `repeats` (blocks), `calls_per_repeat` and `cpu_utilization` (CPU only, else None; `fn`'s
-        blocks only); with `paired`, also `paired_ms_median`, `paired_ms_iqr` (per call of `paired`,
-        over its blocks) and `paired_repeats`.
+    `timing` is a `Timing` (or a sweep's config); `warm` is `(seconds, per_call)`: seconds of calls of `fn`
+    just made (they count as warm-up) and one call's seconds as the caller measured it (None: timed here).
+    Returns `ms_median`, `ms_q1`, `ms_q3`, `ms_iqr`, `ms_min`, `ms_max` (per call, over the blocks),
+    `repeats`, `calls_per_repeat`, `cpu_utilization` (CPU only; `fn`'s blocks), and with `paired` its
+    `paired_ms_median`, `paired_ms_iqr` and `paired_repeats`.
     """
     min_run_time, min_repeats, warmup_time = timing.min_run_time, timing.min_repeats, timing.warmup_time
     warm_s, per_call_hint = warm
@@ -233,15 +222,9 @@ def matmul_rate(device, dtype, size, min_run_time=1.0, warmup_time=0.5):
 
 
 def device_peak_memory(fn, device):
-    """Bytes of device memory the call `fn()` needed at its peak beyond what was in use before it.
-
-    CUDA: `max_memory_allocated()` after `reset_peak_memory_stats()`, minus `memory_allocated()`
-    before. MPS: growth of `driver_allocated_memory()` after `empty_cache()`, an upper bound (freed
-    blocks stay in the driver allocation). CPU tensor memory comes from `profile_call` instead.
-
-    Returns:
-        bytes, or None on other devices.
-    """
+    """Bytes of device memory `fn()` needed at its peak beyond what was in use before it; None on CPU (see
+    `profile_call`). CUDA: the allocator's peak after a reset, minus what was allocated before; MPS: growth of
+    the driver's allocation after `empty_cache()`, an upper bound (freed blocks stay in it)."""
     device = torch.device(device)
     gc.collect(0)  # the young generation only: a full collection costs ~0.2 s with torch loaded
     if device.type == "cuda":
@@ -276,25 +259,14 @@ def _allocation_peak(prof, device_type):
         return None
 
 
-# Dispatcher ops of F.scaled_dot_product_attention's backends (forward and backward).
-SDPA_OPS = {
-    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash (cpu)",
-    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": "flash (cpu)",
-    "aten::_scaled_dot_product_flash_attention": "flash",
-    "aten::_scaled_dot_product_flash_attention_backward": "flash",
-    "aten::_flash_attention_forward": "flash",
-    "aten::_flash_attention_backward": "flash",
-    "aten::_scaled_dot_product_efficient_attention": "efficient",
-    "aten::_scaled_dot_product_efficient_attention_backward": "efficient",
-    "aten::_efficient_attention_forward": "efficient",
-    "aten::_efficient_attention_backward": "efficient",
-    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
-    "aten::_scaled_dot_product_cudnn_attention_backward": "cudnn",
-    "aten::_scaled_dot_product_attention_math": "math",
-    "aten::_scaled_dot_product_attention_math_for_mps": "math (mps)",
-    "aten::_scaled_dot_product_fused_attention_overrideable": "fused (overrideable)",
-    "aten::_scaled_dot_product_fused_attention_overrideable_backward": "fused (overrideable)",
-}
+# Dispatcher ops of F.scaled_dot_product_attention's backends, forward and backward (`_backward`).
+SDPA_OPS = {f"aten::{op}{suffix}": label for op, label in (
+    ("_scaled_dot_product_flash_attention_for_cpu", "flash (cpu)"), ("_scaled_dot_product_flash_attention", "flash"),
+    ("_scaled_dot_product_efficient_attention", "efficient"), ("_scaled_dot_product_cudnn_attention", "cudnn"),
+    ("_scaled_dot_product_fused_attention_overrideable", "fused (overrideable)")) for suffix in ("", "_backward")} | {
+    "aten::_flash_attention_forward": "flash", "aten::_flash_attention_backward": "flash",
+    "aten::_efficient_attention_forward": "efficient", "aten::_efficient_attention_backward": "efficient",
+    "aten::_scaled_dot_product_attention_math": "math", "aten::_scaled_dot_product_attention_math_for_mps": "math (mps)"}
 
 # GPU kernel names, checked in this order (cuDNN's SDPA kernels also contain "flash").
 SDPA_KERNEL_PATTERNS = [
@@ -305,14 +277,9 @@ SDPA_KERNEL_PATTERNS = [
 
 
 def profile_call(fn, device):
-    """Profile one call of `fn`: which SDPA backends ran and, on CPU, the peak of live tensor bytes.
-
-    Reads the names of the dispatcher ops that ran (`SDPA_OPS`) and, on CUDA, the names of the GPU
-    kernels (`SDPA_KERNEL_PATTERNS`): only what appears in the trace is reported. On CPU the profiler
-    also records every allocation and free, whose running sum peaks at the call's tensor memory.
-    Returns `{"backends", "ops", "kernels", "cpu_tensor_peak_bytes"}`; backend labels are in order of
-    first appearance, `["n/a"]` where no SDPA op or kernel ran.
-    """
+    """Profile one call of `fn`: `{"backends", "ops", "kernels", "cpu_tensor_peak_bytes"}`, the SDPA backends that
+    appear in the trace (dispatcher ops, `SDPA_OPS`; on CUDA GPU kernels, `SDPA_KERNEL_PATTERNS`), in order of
+    first appearance (`["n/a"]`: none), and on CPU the peak of the running sum of allocations and frees."""
     from torch.profiler import ProfilerActivity, profile
 
     # Kineto, the profiler's C++ backend, prints "USDT: ... profiler_start" and "... profiler_stop" to stderr

@@ -6,7 +6,7 @@ Names only: each is defined once, in the module it is imported from here. Result
 
 from attention.bench.compare import (dtype_comparison, dtype_comparison_table, dtype_pairs, dtype_verdict,  # noqa: F401
                                      share_stability, share_stability_table)
-from attention.bench.format import (MODE_TITLES, device_label, devices_line, mebibytes, number, percent,  # noqa: F401
+from attention.bench.format import (MODE_TITLES, collapsed, device_label, devices_line, mebibytes, number, percent,  # noqa: F401
                                     provenance_summary, run_line)
 from attention.bench.profiles import profile_summary, quick_profile_summary  # noqa: F401
 from attention.bench.provenance import changed_sources, is_stale  # noqa: F401
@@ -16,7 +16,7 @@ from attention.bench.sweeps.block_sparse import (block_sparse_rows, block_sparse
                                                  crossovers, plot_block_sparse)
 from attention.bench.sweeps.decode import (decode_best, decode_rows, decode_summary_table, decode_table,  # noqa: F401
                                            plot_decode)
-from attention.bench.sweeps.sequence import (fastest, fastest_table, markdown_tables, memory_slope_table,  # noqa: F401
-                                             memory_slopes, plot_bars, plot_memory_vs_seq_len, plot_share,
+from attention.bench.sweeps.sequence import (fastest, fastest_cell, fastest_table, markdown_tables, memory_slope_table,  # noqa: F401
+                                             memory_slopes, plot_bars, plot_memory_vs_seq_len,
                                              plot_time_vs_seq_len, results_table, shape_rows, slower_by, sweep_rows,
                                              sweep_table, tied)

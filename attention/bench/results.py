@@ -1,17 +1,13 @@
-"""A results file: its schema (every field, its form and its bounds), reading, validation and migration.
+"""A results file: its schema (every field's form and bounds), reading, validation, escaping and migration.
 
-A results file is one JSON object: the envelope (`schema_version`, `complete`, `profile`, `device_type`,
-`dtype`, `provenance`, written by `core.Envelope`) and one section per sweep that ran
-(`attention.bench.SWEEPS`): the sequence sweep's at the top level (`config`, `matmul_peak`, `rows`,
-`rankings`: the layout since version 1, which the pages read), every other under its name. Files come
-from anyone ("Add your device") and their strings end up in the site's pages, so the validator knows every
-field: each has a rule below (strings a form and a length, numbers finite and bounded, lists a length, names
-from fixed sets), unknown fields are refused, and each problem is a sentence naming the field.
-docs/benchmark-schema.md describes the file.
+One JSON object: the envelope (`ENVELOPE`, written by `core.Envelope`) and a section per sweep that ran
+(`attention.bench.SWEEPS`): the sequence sweep's at the top level, where the pages have always read it, the
+others under their names. Files come from anyone ("Add your device") and their strings reach the pages, so
+every field has a rule (strings a form and a length, numbers finite and bounded, names from fixed sets),
+unknown fields are refused, and each problem names its field. docs/benchmark-schema.md describes the file.
 """
 
 import copy
-import datetime
 import json
 import math
 import re
@@ -38,48 +34,34 @@ def _shown(value):
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _typed(kind, expected):
-    def decorate(check):
-        def rule(value, where):
-            if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
-                return [f"{where}: expected {expected}, got {_shown(value)}"]
-            return check(value, where)
-        return rule
-    return decorate
+def _typed(kind, expected, check):
+    """A rule: a value of type `kind` (a bool is no number), then `check(value, where)`."""
+    def rule(value, where):
+        if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+            return [f"{where}: expected {expected}, got {_shown(value)}"]
+        return check(value, where)
+    return rule
+
+
+def number(lowest=0.0, highest=1e15, kind=(int, float)):
+    return _typed(kind, "an integer" if kind is int else "a number", lambda value, where: (
+        [f"{where}: {value} is not a finite number"] if isinstance(value, float) and not math.isfinite(value) else
+        [] if lowest <= value <= highest else [f"{where}: {_shown(value)} is outside [{lowest}, {highest}]"]))
 
 
 def integer(lowest=0, highest=2**62):
-    @_typed(int, "an integer")
-    def rule(value, where):
-        return [] if lowest <= value <= highest else [f"{where}: {value} is outside [{lowest}, {highest}]"]
-    return rule
-
-
-def number(lowest=0.0, highest=1e15):
-    @_typed((int, float), "a number")
-    def rule(value, where):
-        if not math.isfinite(value):
-            return [f"{where}: {value} is not a finite number"]
-        return [] if lowest <= value <= highest else [f"{where}: {value} is outside [{lowest}, {highest}]"]
-    return rule
+    return number(lowest, highest, int)
 
 
 def text(pattern, what, longest=80):
     compiled = re.compile(pattern)
-
-    @_typed(str, "a string")
-    def rule(value, where):
-        if len(value) > longest:
-            return [f"{where}: {len(value)} characters, at most {longest}"]
-        return [] if compiled.fullmatch(value) else [f"{where}: {_shown(value)} is not {what}"]
-    return rule
+    return _typed(str, "a string", lambda value, where: [f"{where}: {len(value)} characters, at most {longest}"]
+                  if len(value) > longest else [] if compiled.fullmatch(value) else [f"{where}: {_shown(value)} is not {what}"])
 
 
 def one_of(*values):
-    def rule(value, where):
-        ok = any(type(value) is type(allowed) and value == allowed for allowed in values)
-        return [] if ok else [f"{where}: {_shown(value)} is not one of {', '.join(map(str, values))}"]
-    return rule
+    return lambda value, where: [] if any(type(value) is type(allowed) and value == allowed for allowed in values) \
+        else [f"{where}: {_shown(value)} is not one of {', '.join(map(str, values))}"]
 
 
 def nullable(inner):
@@ -87,33 +69,24 @@ def nullable(inner):
 
 
 def list_of(item, longest):
-    @_typed(list, "a list")
-    def rule(value, where):
-        if len(value) > longest:
-            return [f"{where}: {len(value)} items, at most {longest}"]
-        return [problem for index, element in enumerate(value) for problem in item(element, f"{where}[{index}]")]
-    return rule
+    return _typed(list, "a list", lambda value, where: [f"{where}: {len(value)} items, at most {longest}"]
+                  if len(value) > longest else [p for index, element in enumerate(value) for p in item(element, f"{where}[{index}]")])
 
 
-def mapping(key, value_rule, longest):
-    @_typed(dict, "an object")
-    def rule(value, where):
-        if len(value) > longest:
-            return [f"{where}: {len(value)} entries, at most {longest}"]
-        return [problem for name, element in value.items()
-                for problem in key(name, f"{where} key") or value_rule(element, f"{where}.{name}")]
-    return rule
+def mapping(key, item, longest):
+    return _typed(dict, "an object", lambda value, where: [f"{where}: {len(value)} entries, at most {longest}"]
+                  if len(value) > longest else [p for name, element in value.items()
+                                                for p in key(name, f"{where} key") or item(element, f"{where}.{name}")])
 
 
 def record(fields, optional=()):
     """An object with exactly `fields` ({name: rule}), those in `optional` allowed to be absent."""
-    @_typed(dict, "an object")
-    def rule(value, where):
+    def check(value, where):
         prefix = f"{where}." if where else ""
-        problems = [f"{prefix}{_shown(name)}: unknown field" for name in value if name not in fields]
-        problems += [f"{prefix}{name}: missing" for name in fields if name not in value and name not in optional]
-        return problems + [p for name, check in fields.items() if name in value for p in check(value[name], prefix + name)]
-    return rule
+        return ([f"{prefix}{_shown(name)}: unknown field" for name in value if name not in fields]
+                + [f"{prefix}{name}: missing" for name in fields if name not in value and name not in optional]
+                + [p for name, rule in fields.items() if name in value for p in rule(value[name], prefix + name)])
+    return _typed(dict, "an object", check)
 
 
 def field_rules(annotated):
@@ -166,14 +139,6 @@ def disordered(where, row):
         f"{where}: times are not positive and ordered min <= q1 <= median <= q3 <= max: {times}"]
 
 
-def _iso_date(value, where):
-    try:
-        datetime.datetime.fromisoformat(value)
-    except ValueError:
-        return [f"{where}: {_shown(value)} is not a date"]
-    return []
-
-
 BOOLEAN = one_of(True, False)
 NAME = text(r"[A-Za-z0-9 ()@.,_+/-]+", "a name of letters, digits, spaces and ()@.,_+/-", 100)
 IDENTIFIER = text(r"[A-Za-z][A-Za-z0-9_]*", "an identifier", 40)
@@ -198,9 +163,8 @@ DEVICE = record({
     "memory_bytes": BYTES, "compute_capability": text(r"\d{1,2}\.\d{1,2}", "a compute capability such as 8.0", 8),
     "multiprocessors": integer(1, 1 << 16)}, optional=("memory_bytes", "compute_capability", "multiprocessors"))
 PROVENANCE = record({
-    "date_utc": lambda value, where: text(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?([+-]\d\d:\d\d|Z)",
-                                          "an ISO 8601 date and time with its offset", 40)(value, where)
-    or _iso_date(value, where),
+    "date_utc": text(r"20\d\d-(0[1-9]|1[0-2])-([0-2]\d|3[01])T([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d+)?([+-]\d\d:\d\d|Z)",
+                     "an ISO 8601 date and time with its offset", 40),
     "command": text(r"[A-Za-z0-9 ._/=,:+@%'-]+", "a command line of letters, digits, spaces and ._/=,:+@%'-", 2000),
     "argv": list_of(text(r"[A-Za-z0-9 ._/=,:+@%-]*", "an argument of letters, digits, spaces and ._/=,:+@%-", 500), 200),
     "git": record({"commit": nullable(text(r"[0-9a-f]{40}|[0-9a-f]{64}", "a hexadecimal git commit", 64)),
@@ -230,12 +194,8 @@ def _is_sweep(key):
 
 
 def validate(result):
-    """Every problem that makes `result` unfit to publish, as sentences; `[]` for a valid results file.
-
-    The envelope's fields and each sweep's section against their rules, then what the rules cannot see:
-    a finished run, one device type, and each sweep's numbers recomputed from its rows (`Sweep.validate`).
-    A run recorded with older sources is valid (the pages mark it: `provenance.is_stale`).
-    """
+    """Every problem that makes `result` unfit to publish (`[]`: valid): the envelope's rules, a finished run of
+    one device type, and each sweep's section (`Sweep.validate`). A run of older sources is valid (and stale)."""
     from attention.bench import SWEEPS
 
     if not isinstance(result, dict):
@@ -274,19 +234,16 @@ def escaped(value):
 
 def read(path):
     """The JSON object in `path` (NaN and infinities read as floats, for the validator to name)."""
-    path = Path(path)
-    size = path.stat().st_size
-    if size > MAX_FILE_BYTES:
+    if (size := Path(path).stat().st_size) > MAX_FILE_BYTES:
         raise ValueError(f"{size / 2**20:.1f} MiB, at most {MAX_FILE_BYTES // 2**20} MiB")
-    return json.loads(path.read_text(encoding="utf-8"))
+    return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
 def load_result(path):
     """A results file of the current `SCHEMA_VERSION`, its strings `escaped` for the pages that show them;
     `ValueError` for another version (`migrate` it)."""
     result = read(path)
-    version = result.get("schema_version") if isinstance(result, dict) else None
-    if version != SCHEMA_VERSION:
+    if (version := isinstance(result, dict) and result.get("schema_version")) != SCHEMA_VERSION:
         raise ValueError(f"{path}: schema_version {version!r}, this code reads {SCHEMA_VERSION}; "
                          "python -m attention.bench --migrate FILE rewrites an older file")
     return escaped(result)
@@ -301,9 +258,9 @@ def find_results(directory=RESULTS_DIR, device_type=None):
             result = load_result(path)
         except (ValueError, OSError):
             continue
-        if device_type is None or result.get("device_type") == device_type:
-            found.append((result.get("provenance", {}).get("date_utc", ""), path))
-    return [path for _, path in sorted(found, key=lambda item: item[0], reverse=True)]
+        if device_type in (None, result["device_type"]):
+            found.append((result["provenance"]["date_utc"], path))
+    return [path for _, path in sorted(found, reverse=True)]
 
 
 def check_file(path):
@@ -316,12 +273,10 @@ def check_file(path):
         result = read(path)
     except (OSError, ValueError) as error:  # json.JSONDecodeError is a ValueError
         return {"result": None, "problems": problems + [f"cannot be read: {error}"], "changed": []}
-    version = result.get("schema_version") if isinstance(result, dict) else None
-    if version in MIGRATIONS:
+    if (version := result.get("schema_version") if isinstance(result, dict) else None) in MIGRATIONS:
         problems.append(f"schema_version: {version}, an older layout: python -m attention.bench --migrate FILE "
                         f"rewrites it as version {SCHEMA_VERSION}")
-    else:
-        problems += validate(result)
+    problems += [] if version in MIGRATIONS else validate(result)
     return {"result": None if problems else result, "problems": problems,
             "changed": [] if problems else changed_sources(result)}
 
@@ -333,15 +288,13 @@ def check_report(path, checked):
         return f"{path}: NOT valid, {len(problems)} problem(s):\n" + "\n".join(f"  - {problem}" for problem in problems)
     from attention.bench import SWEEPS
 
-    rows = [row for name in SWEEPS for row in (section(result, name) or {}).get("rows", [])]
-    device = result["provenance"]["device"]
-    lines = [f"{path}: valid: {device['type']} ({device['name']}), {result['dtype']}, profile {result['profile']!r}, "
-             f"{len(rows)} rows ({sum(row['status'] == 'ok' for row in rows)} measured), recorded "
-             f"{result['provenance']['date_utc']}",
-             f"  recorded with older sources ({len(changed)} package file(s) changed since: {', '.join(changed[:6])}"
-             f"{' ...' if len(changed) > 6 else ''}); the pages mark it as such" if changed
-             else "  recorded with the current attention/ sources"]
-    return "\n".join(lines)
+    rows, device = [row for name in SWEEPS for row in (section(result, name) or {}).get("rows", [])], result["provenance"]["device"]
+    return (f"{path}: valid: {device['type']} ({device['name']}), {result['dtype']}, profile {result['profile']!r}, "
+            f"{len(rows)} rows ({sum(row['status'] == 'ok' for row in rows)} measured), recorded "
+            f"{result['provenance']['date_utc']}\n" + (
+                f"  recorded with older sources ({len(changed)} package file(s) changed since: {', '.join(changed[:6])}"
+                f"{' ...' if len(changed) > 6 else ''}); the pages mark it as such" if changed
+                else "  recorded with the current attention/ sources"))
 
 
 # --- Migration: an older file rewritten mechanically (fields renamed, moved or added as null; no number edited) ---

@@ -1,12 +1,11 @@
 """The sequence sweep: every registered class on the same input and weights, checked, then timed.
 
-For each shape (the headline shape, then each length of the sweep), each implementation (and, with
-`compile=True`, its `torch.compile`d version as a separate row) and each mode, the class is built for
-the shape with the canonical weights drawn once from `seed`, cast to the run's dtype; its first call is
-timed alone and checked against the float64 reference (`attention.reference`) on batch element 0 and the
-first `checked_tokens` positions; then `core.measure` records the SDPA backends, the peak memory and the
-time, in blocks interleaved with a dense matmul's (the paired yardstick). A matmul timed at the start and
-after each shape gives the run-level rate. The rows and conventions: docs/benchmark-schema.md.
+For each shape (the headline shape, then each length of the sweep), class (and, with `compile`, its
+`torch.compile`d version) and mode: the class is built with the canonical weights drawn from `seed`; its
+first call is checked against the float64 reference (`attention.reference`) on batch element 0 and the
+first `checked_tokens` positions; `core.measure` records the SDPA backends, peak memory and time, timed in
+blocks interleaved with a dense matmul's (the paired yardstick). A matmul timed at the start and after each
+shape gives the run-level rate. Rows and conventions: docs/benchmark-schema.md.
 """
 
 import contextlib
@@ -15,15 +14,16 @@ import functools
 import itertools
 import math
 import statistics
-from typing import Annotated, NamedTuple
+from typing import Annotated, Callable, NamedTuple
 
 import torch
 
 from attention.bench import core, metrics
 from attention.bench.format import MODE_TITLES, collapsed, mebibytes, number, percent, table, title_suffix
-from attention.bench.results import (config_problems, disordered, mismatches, BOOLEAN, BYTES, DEVICE_TYPES, DTYPE, IDENTIFIER, MAX_ROWS, POSITIVE, RATE,
-                                     REASON_CHARS, SHARE, field_rules, integer, list_of, mapping, new_row, nullable,
-                                     number as finite, one_of, record, rule_of, text)
+from attention.bench.results import (BOOLEAN, BYTES, DEVICE_TYPES, DTYPE, IDENTIFIER, MAX_ROWS, POSITIVE, RATE,
+                                     REASON_CHARS, SHARE, config_problems, disordered, field_rules, integer, list_of,
+                                     mapping, mismatches, new_row, nullable, number as finite, one_of, record, rule_of,
+                                     text)
 from attention.causal.flex import recompile_room
 from attention.reference import canonical_weights, kv_heads_state, reference_causal_self_attention
 from attention.registry import IMPLEMENTATIONS
@@ -32,7 +32,7 @@ NAME = "sequence"
 MODES = ("forward", "forward_backward")
 
 
-def implementation_name(value, where):  # read the registry when checking, so a class added later counts
+def implementation_name(value, where):  # the registry as it is when checking: a class added later counts
     return one_of(*IMPLEMENTATIONS)(value, where)
 
 
@@ -42,17 +42,11 @@ def label_name(value, where):
 
 @dataclasses.dataclass
 class Config:
-    """What to measure; `None` fields take the device's default in `resolve`.
-
-    `batch`, `seq_len`: the headline shape (GPT-2 small: 8 and 1024). `sweep_batch`, `seq_lens`: the length
-    sweep, by default batch 1 on CPU and MPS (the naive classes' `(B, H, T, T)` scores would not fit
-    otherwise) and `batch` on CUDA, lengths 128..4096 on CPU, ..8192 on MPS, ..16384 on CUDA; empty: none.
-    Every class maps `(B, T, d_in)` to `(B, T, d_model)` (`d_in` default `d_model`) with `num_heads` heads.
-    `modes` ⊆ ("forward", "forward_backward"); `compile` adds `torch.compile`d rows (`compile_backend`).
-    `implementations`: registry names (default all). `check_max_scores` bounds H · checked_tokens², the
-    reference's scores. `memory_budget_bytes`: on CPU a row predicted (from the previous shape, times the
-    batch ratio and the squared length ratio) past it is skipped; default `core.memory_budget`.
-    """
+    """What to measure; `resolve` fills the `None` fields with the device's defaults: the sweep at batch 1 on
+    CPU and MPS (the naive classes' `(B, H, T, T)` scores would not fit otherwise), `batch` on CUDA, over
+    T = 128 .. 4096 on CPU, .. 8192 on MPS, .. 16384 on CUDA; `d_in` = `d_model`; the memory budget of
+    `core.memory_budget` (a row predicted past it from the previous shape, times the batch ratio and the
+    squared length ratio, is skipped). `check_max_scores` bounds H · checked_tokens², the reference's scores."""
 
     device: Annotated[str, one_of(*DEVICE_TYPES, "auto")] = "auto"
     dtype: Annotated[str, DTYPE] = "float32"
@@ -94,18 +88,11 @@ class Config:
         if problems or self.d_model % self.num_heads:
             raise ValueError("; ".join(problems) or f"d_model must be divisible by num_heads, got d_model="
                                                     f"{self.d_model}, num_heads={self.num_heads}")
-        unknown = [name for name in resolved.implementations or () if name not in IMPLEMENTATIONS]
-        if unknown:
-            raise ValueError(f"unknown implementation(s) {unknown}; valid names: {', '.join(sorted(IMPLEMENTATIONS))}")
         return resolved
 
     def shapes(self):
         """The `(batch, seq_len)` pairs to measure, headline first, without repeats."""
         return list(dict.fromkeys([(self.batch, self.seq_len)] + [(self.sweep_batch, t) for t in self.seq_lens or ()]))
-
-
-CONFIG_RULES = field_rules(Config) | {
-    "d_out": POSITIVE, "head_dim": POSITIVE, "shapes": list_of(list_of(POSITIVE, 2), 64)}
 
 
 class Case(NamedTuple):
@@ -148,12 +135,9 @@ class Row(core.Measured):
 
 
 def predicted_peak(last, batch, seq_len):
-    """Peak bytes at `(batch, seq_len)` predicted from `last = (batch, seq_len, peak)`: linear in the batch,
-    quadratic in the length (the `(B, H, T, T)` scores), an upper bound for the O(T) kernels."""
-    if last is None:
-        return None
-    last_batch, last_len, peak = last
-    return int(peak * (batch / last_batch) * (seq_len / last_len) ** 2)
+    """Peak bytes at `(batch, seq_len)` from `last = (batch, seq_len, peak)`: linear in the batch, quadratic in
+    the length (the `(B, H, T, T)` scores), an upper bound for the O(T) kernels."""
+    return None if last is None else int(last[2] * (batch / last[0]) * (seq_len / last[1]) ** 2)
 
 
 def run(config, envelope, implementations=None):
@@ -173,9 +157,9 @@ def run(config, envelope, implementations=None):
     samples, peaks = [], {}  # run-level matmul rates; (name, compiled, mode) -> (batch, seq_len, peak bytes)
 
     def sample_matmul(when):
-        rate = metrics.matmul_rate(device, dtype, config.matmul_size, config.min_run_time, max(config.warmup_time, 0.1))
-        samples.append({"when": when, **rate})
-        envelope.say(f"matmul {config.matmul_size}^2 {envelope.result['dtype']} ({when}): {rate['tflops']:.3f} TFLOP/s")
+        samples.append({"when": when, **metrics.matmul_rate(device, dtype, config.matmul_size, config.min_run_time,
+                                                            max(config.warmup_time, 0.1))})
+        envelope.say(f"matmul {config.matmul_size}^2 ({when}): {samples[-1]['tflops']:.3f} TFLOP/s")
 
     sample_matmul("start")
     state = canonical_weights(config.d_in, config.d_model, config.seed)
@@ -187,13 +171,12 @@ def run(config, envelope, implementations=None):
                     envelope.add(section["rows"], row, f"{row['label']} {row['mode']} B={case.batch} T={case.seq_len}")
                 core.release(device)
             sample_matmul(f"after B={shape[0]} T={shape[1]}")
-    rates, paired = [s["tflops"] for s in samples], [r["matmul_tflops_paired"] for r in section["rows"]
-                                                     if r["matmul_tflops_paired"] is not None]
-    section["matmul_peak"] = {"size": config.matmul_size, "dtype": envelope.result["dtype"],
-                              "statistic": "median of samples", "tflops": statistics.median(rates),
-                              "best_tflops": max(rates), "worst_tflops": min(rates), "samples": samples,
-                              "paired": {"rows": len(paired), "median_tflops": statistics.median(paired),
-                                         "lowest_tflops": min(paired), "highest_tflops": max(paired)} if paired else None}
+    rates = [sample["tflops"] for sample in samples]
+    paired = [row["matmul_tflops_paired"] for row in section["rows"] if row["matmul_tflops_paired"] is not None]
+    section["matmul_peak"] = {"size": config.matmul_size, "dtype": envelope.result["dtype"], "tflops": statistics.median(
+        rates), "statistic": "median of samples", "best_tflops": max(rates), "worst_tflops": min(rates), "samples":
+        samples, "paired": paired and {"rows": len(paired), "median_tflops": statistics.median(paired),
+                                       "lowest_tflops": min(paired), "highest_tflops": max(paired)} or None}
     for row in section["rows"]:
         if row["tflops"] is not None:
             row["share_of_matmul_peak"] = row["tflops"] / section["matmul_peak"]["tflops"]
@@ -205,13 +188,12 @@ class Inputs(NamedTuple):
     grad_output: torch.Tensor
     checked_tokens: int
     state: dict
-    reference: callable  # reference(position_encoding, num_kv_heads) -> (checked_tokens, d_out) float64, or the error
+    reference: Callable  # (position_encoding, num_kv_heads) -> (checked_tokens, d_out) float64, or the error
 
 
 def shape_inputs(config, state, batch, seq_len, envelope):
-    """The input, output gradient and float64 reference of one shape. The reference covers batch element 0 and
-    the first `checked_tokens` positions, from the input and weights rounded to the run's dtype, as the modules
-    see them; a `ValueError` it raises (an unsupported position encoding) is returned instead."""
+    """One shape's input, output gradient and float64 reference (batch element 0, the first `checked_tokens`
+    positions, from the input and weights rounded to the run's dtype; a `ValueError` it raises is returned)."""
     x, grad_output = (torch.randn(batch, seq_len, width, generator=torch.Generator().manual_seed(config.seed + seed))
                       .to(envelope.device, envelope.dtype) for seed, width in ((1, config.d_in), (2, config.d_model)))
     checked = min(seq_len, max(1, math.isqrt(config.check_max_scores // config.num_heads)))
@@ -221,9 +203,8 @@ def shape_inputs(config, state, batch, seq_len, envelope):
     @functools.cache
     def reference(position_encoding, num_kv_heads):
         try:
-            out, _ = reference_causal_self_attention(x_checked, kv_heads_state(rounded, config.num_heads, num_kv_heads),
-                                                     config.num_heads, position_encoding)
-            return out[0]  # (checked_tokens, d_out)
+            return reference_causal_self_attention(x_checked, kv_heads_state(rounded, config.num_heads, num_kv_heads),
+                                                   config.num_heads, position_encoding)[0][0]  # (checked, d_out)
         except ValueError as error:
             return error
 
@@ -233,27 +214,23 @@ def shape_inputs(config, state, batch, seq_len, envelope):
 def case_rows(config, case, inputs, yardstick, peaks):
     """The rows of one case, one per mode: built, checked and timed, or skipped or failed with the reason."""
     def new(mode, num_kv_heads=None):
-        flops = metrics.attention_flops(dict(batch=case.batch, seq_len=case.seq_len, d_in=config.d_in, d_out=config.d_model,
-                                             num_heads=config.num_heads, num_kv_heads=num_kv_heads), mode)
-        return new_row(Row, implementation=case.name, compiled=case.compiled, mode=mode, batch=case.batch,
-                       num_kv_heads=num_kv_heads,
-                            label=f"{case.name} (compiled)" if case.compiled else case.name, seq_len=case.seq_len,
-                            d_in=config.d_in, d_out=config.d_model, num_heads=config.num_heads,
-                            head_dim=config.d_model // config.num_heads, position_encoding=case.cls.position_encoding,
-                            status="ok", tolerance=metrics.TOLERANCES[config.dtype], checked_batch_index=0,
-                            checked_tokens=inputs.checked_tokens, flops_attention=flops["attention"],
-                            flops_projections=flops["projections"], flops=flops["total"])
+        shape = dict(batch=case.batch, seq_len=case.seq_len, d_in=config.d_in, d_out=config.d_model,
+                     num_heads=config.num_heads, num_kv_heads=num_kv_heads)
+        flops = metrics.attention_flops(shape, mode)
+        return new_row(Row, **shape, implementation=case.name, compiled=case.compiled, mode=mode, status="ok",
+                       label=f"{case.name} (compiled)" if case.compiled else case.name, checked_batch_index=0,
+                       head_dim=config.d_model // config.num_heads, position_encoding=case.cls.position_encoding,
+                       tolerance=metrics.TOLERANCES[config.dtype], checked_tokens=inputs.checked_tokens,
+                       flops_attention=flops["attention"], flops_projections=flops["projections"], flops=flops["total"])
     step = "constructor"
     try:
         torch.manual_seed(config.seed)
         module = case.cls(config.d_in, config.d_model, case.seq_len, 0.0, config.num_heads, qkv_bias=False)
-        num_kv_heads = getattr(module, "num_kv_heads", config.num_heads)  # fewer for grouped-query classes
-        step = "canonical weights"
+        num_kv_heads, step = getattr(module, "num_kv_heads", config.num_heads), "canonical weights"
         module.load_canonical_state_dict(kv_heads_state(inputs.state, config.num_heads, num_kv_heads))
         module = module.to(inputs.x.device, inputs.x.dtype).eval()
     except Exception as error:  # noqa: BLE001 - any refusal is a skip reason worth recording
-        for mode in config.modes:
-            yield new(mode) | dict(status="skipped", reason=f"{step}: {core.error_text(error)}")
+        yield from (new(mode) | dict(status="skipped", reason=f"{step}: {core.error_text(error)}") for mode in config.modes)
         return
     if case.compiled:
         module = torch.compile(module, backend=config.compile_backend, dynamic=False)
@@ -263,8 +240,8 @@ def case_rows(config, case, inputs, yardstick, peaks):
         reason = core.over_budget(predicted_peak(last, case.batch, case.seq_len), config.memory_budget_bytes,
                                   "predicted peak memory")
         if reason:
-            yield row | dict(status="skipped", reason=f"{reason} (B={last[0]}, T={last[1]} took "
-                                                      f"{core.size_text(last[2])}, times the batch ratio and the squared length ratio)")
+            yield row | dict(status="skipped", reason=f"{reason} (B={last[0]}, T={last[1]} took {core.size_text(last[2])}"
+                                                      ", times the batch ratio and the squared length ratio)")
             continue
         call, reset, gradients = mode_call(module, mode, inputs)
 
@@ -292,8 +269,7 @@ def mode_call(module, mode, inputs):
             with torch.no_grad():
                 return module(inputs.x)
         return forward, lambda: None, list
-    x = inputs.x.detach().clone().requires_grad_(True)
-    holders = [x] + [p for p in module.parameters() if p.requires_grad]
+    holders = [inputs.x.detach().clone().requires_grad_(True)] + [p for p in module.parameters() if p.requires_grad]
 
     def reset():
         for tensor in holders:
@@ -301,7 +277,7 @@ def mode_call(module, mode, inputs):
 
     def forward_backward():
         reset()
-        out = module(x)
+        out = module(holders[0])
         out.backward(inputs.grad_output)
         return out.detach()
     return forward_backward, reset, lambda: [tensor.grad for tensor in holders]
@@ -313,29 +289,23 @@ def rank_rows(rows):
     groups = {}
     for row in rows:
         groups.setdefault((row["mode"], row["batch"], row["seq_len"]), []).append(row)
-    rankings = []
-    for (mode, batch, seq_len), group in groups.items():
-        order = [r["label"] for r in sorted(filter(ranked, group), key=lambda r: r["ms_median"])]
-        excluded = {r["label"]: f"{r['status']}: {r['reason']}" if r["status"] != "ok" else (
-            "incorrect" if r["correct"] is False else "unchecked") + (
-            f" (max abs error {r['max_abs_error']:.3g})" if r["max_abs_error"] is not None else "")
-            for r in group if not ranked(r)}
-        rankings.append(dict(mode=mode, batch=batch, seq_len=seq_len, order=order, fastest=(order or [None])[0],
-                             excluded=excluded))
-    return rankings
+    return [dict(mode=mode, batch=batch, seq_len=seq_len, order=order, fastest=(order or [None])[0], excluded={
+        r["label"]: f"{r['status']}: {r['reason']}" if r["status"] != "ok" else ("incorrect" if r["correct"] is False
+                                                                                 else "unchecked")
+        + (f" (max abs error {r['max_abs_error']:.3g})" if r["max_abs_error"] is not None else "")
+        for r in group if not ranked(r)}) for (mode, batch, seq_len), group in groups.items()
+        for order in [[r["label"] for r in sorted(filter(ranked, group), key=lambda r: r["ms_median"])]]]
 
-
-# --- The section's rules, and the numbers they cannot check -------------------------------------------------------
 
 MATMUL_PEAK = record({
     "size": POSITIVE, "dtype": DTYPE, "statistic": one_of("median of samples"), "tflops": RATE, "best_tflops": RATE,
     "worst_tflops": RATE, "samples": list_of(record({
         "when": text(r"start|after B=\d+ T=\d+", "start or after B=<batch> T=<length>"), "size": POSITIVE,
         "ms_median": RATE, "ms_iqr": RATE, "tflops": RATE, "cpu_utilization": nullable(SHARE)}), 200),
-    "paired": nullable(record({"rows": integer(), "median_tflops": RATE, "lowest_tflops": RATE,
-                               "highest_tflops": RATE}))})
+    "paired": nullable(record({"rows": integer(), "median_tflops": RATE, "lowest_tflops": RATE, "highest_tflops": RATE}))})
 SECTION = record({
-    "config": record(CONFIG_RULES, optional=("memory_budget_bytes",)), "matmul_peak": nullable(MATMUL_PEAK),
+    "config": record(field_rules(Config) | {"d_out": POSITIVE, "head_dim": POSITIVE, "shapes": list_of(list_of(
+        POSITIVE, 2), 64)}, optional=("memory_budget_bytes",)), "matmul_peak": nullable(MATMUL_PEAK),
     "rows": list_of(rule_of(Row), MAX_ROWS), "rankings": list_of(record({
         "mode": one_of(*MODES), "batch": POSITIVE, "seq_len": POSITIVE, "order": list_of(label_name, 200),
         "fastest": nullable(label_name), "excluded": mapping(label_name, text(f"[{REASON_CHARS}]+", "a reason", 400),
@@ -343,36 +313,29 @@ SECTION = record({
 
 
 def validate(section, result):
-    """The sequence section's problems: its rules, then each row's work and rates recomputed from its shape."""
+    """The section's rules, then each row's work from its shape and K/V heads, its rates, and the rankings."""
     problems = SECTION(section, "")
     if problems:
         return problems
     config, peak = section["config"], (section["matmul_peak"] or {}).get("tflops")
     problems += [f"config.{key}: {config[key]!r} differs from {top}" for key, top in
                  (("dtype", "dtype"), ("device", "device_type"), ("profile", "profile")) if config[key] != result[top]]
-    problems += [] if section["rows"] else ["rows: none"]
     for index, row in enumerate(section["rows"]):
         where = f"rows[{index}] ({row['label']}, {row['mode']}, B={row['batch']}, T={row['seq_len']})"
-        flops = metrics.attention_flops(row, row["mode"])  # from the row's shape and K/V heads
-        expected = {"flops_attention": flops["attention"], "flops_projections": flops["projections"],
-                    "flops": flops["total"]}
-        if row["status"] == "ok":
-            if disordered(where, row):
-                problems += disordered(where, row)
-                continue
+        flops = metrics.attention_flops(row, row["mode"])
+        expected = dict(flops_attention=flops["attention"], flops_projections=flops["projections"], flops=flops["total"])
+        if row["status"] == "ok" and not disordered(where, row):
             expected["tflops"] = row["flops"] / (row["ms_median"] * 1e-3) / 1e12
-            if peak:
-                expected["share_of_matmul_peak"] = row["tflops"] / peak
-            if row["matmul_tflops_paired"] is not None:
-                expected["share_of_paired_matmul"] = row["tflops"] / row["matmul_tflops_paired"]
-        problems += mismatches(where, row, expected)
+            expected |= {"share_of_matmul_peak": row["tflops"] / peak} if peak else {}
+            expected |= {"share_of_paired_matmul": row["tflops"] / row["matmul_tflops_paired"]} \
+                if row["matmul_tflops_paired"] else {}
+        problems += (disordered(where, row) if row["status"] == "ok" else []) + mismatches(where, row, expected)
     recomputed = rank_rows(section["rows"])
-    problems += [f"rankings: {r['mode']}, B={r['batch']}, T={r['seq_len']} differs from the rows' (by median time)"
-                 for r in section["rankings"] if r not in recomputed]
-    return problems
+    return problems + [f"rankings: {r['mode']}, B={r['batch']}, T={r['seq_len']} differs from the rows' (by median time)"
+                       for r in section["rankings"] if r not in recomputed] + ([] if section["rows"] else ["rows: none"])
 
 
-# --- Reading a run: rows by shape, rankings and ties ---------------------------------------------------------------
+# --- Reading a run: rows by shape, the fastest and the ties ---------------------------------------------------------
 
 def ranked(row):
     return row["status"] == "ok" and row["correct"] is True
@@ -380,46 +343,39 @@ def ranked(row):
 
 def shape_rows(result, mode, batch=None, seq_len=None):
     """Rows of one mode at one `(batch, seq_len)`; default the headline shape."""
-    config = result["config"]
-    batch, seq_len = batch or config["batch"], seq_len or config["seq_len"]
-    return [r for r in result["rows"] if (r["mode"], r["batch"], r["seq_len"]) == (mode, batch, seq_len)]
+    shape = (mode, batch or result["config"]["batch"], seq_len or result["config"]["seq_len"])
+    return [r for r in result["rows"] if (r["mode"], r["batch"], r["seq_len"]) == shape]
 
 
 def sweep_rows(result, mode):
     """Rows of the length sweep (`config.sweep_batch`, each of `config.seq_lens`) in `mode`."""
     config = result["config"]
     return [r for r in result["rows"] if r["mode"] == mode and r["batch"] == config["sweep_batch"]
-            and r["seq_len"] in set(config["seq_lens"] or [])]
+            and r["seq_len"] in (config["seq_lens"] or [])]
 
 
 def fewer_kv_heads(row):
-    """True for a grouped-query or multi-query row: another model (smaller K/V projections) than the
-    multi-head classes it is timed beside."""
+    """True for a grouped-query or multi-query row: another model (smaller K/V projections) than the multi-head
+    classes it is timed beside."""
     return row.get("num_kv_heads") is not None and row["num_kv_heads"] != row["num_heads"]
-
-
-def chart_label(row):
-    return row["label"] + (f" ({row['num_kv_heads']} K/V)" if fewer_kv_heads(row) else "")
 
 
 def matmul_share(row):
     """The row's share of the matmul rate: the paired one where the run has it, else the run-level one."""
-    return row["share_of_paired_matmul"] if row.get("share_of_paired_matmul") is not None else row.get(
-        "share_of_matmul_peak")
+    paired = row.get("share_of_paired_matmul")
+    return row.get("share_of_matmul_peak") if paired is None else paired
 
 
 def drift_free(row, key="ms_median"):
-    """`row[key]` (a time) at one machine speed: times the matmul rate timed beside the row (the paired
-    yardstick), so rows timed minutes apart on a machine whose speed drifts compare as if timed together.
-    In ms·TFLOP/s: only ratios between rows mean something. Runs without the paired rate: the time as is."""
+    """`row[key]` (a time) at one machine speed: times the matmul rate timed beside the row (the paired yardstick),
+    so rows timed minutes apart on a machine whose speed drifts compare as if timed together (only ratios between
+    rows mean something). Runs without the paired rate: the time as is."""
     return row[key] * (row.get("matmul_tflops_paired") or 1.0)
 
 
 def tied(row, other):
-    """True when the run cannot tell two rows apart: their interquartile ranges, corrected for the machine's
-    drift between them (`drift_free`), overlap."""
-    return (drift_free(row, "ms_q1") <= drift_free(other, "ms_q3")
-            and drift_free(other, "ms_q1") <= drift_free(row, "ms_q3"))
+    """True when the run cannot tell two rows apart: their IQRs, corrected for the drift (`drift_free`), overlap."""
+    return drift_free(row, "ms_q1") <= drift_free(other, "ms_q3") and drift_free(other, "ms_q1") <= drift_free(row, "ms_q3")
 
 
 def slower_by(row, fastest_row):
@@ -428,40 +384,35 @@ def slower_by(row, fastest_row):
 
 
 def fastest(result):
-    """Per measured shape (sorted by batch and length) and mode: the fastest correct row by drift-corrected
-    median, the rows tied with it (`tied`) and the next one. Only classes that compute the same function
-    compete: rows with fewer K/V heads are another model. A list of dicts (mode, batch, seq_len, compiled,
-    fastest, tied, next)."""
+    """Per shape (by batch, then length) and mode: the fastest correct row by drift-corrected median, the rows tied
+    with it and the next one, `{mode, batch, seq_len, compiled, fastest, tied, next}`. Rows with fewer K/V heads
+    (another model) do not compete."""
     groups = {}
-    for row in result["rows"]:
-        if ranked(row) and not fewer_kv_heads(row):
-            groups.setdefault((row["batch"], row["seq_len"], row["mode"], row["compiled"]), []).append(row)
+    for row in (row for row in result["rows"] if ranked(row) and not fewer_kv_heads(row)):
+        groups.setdefault((row["batch"], row["seq_len"], row["mode"], row["compiled"]), []).append(row)
     summary = []
     for (batch, seq_len, mode, compiled), rows in sorted(groups.items(), key=lambda item: item[0][:2]):
         best, *rest = sorted(rows, key=drift_free)
-        ties = [r for r in rest if tied(r, best)]
-        after = [r for r in rest if r not in ties]
-        summary.append(dict(mode=mode, batch=batch, seq_len=seq_len, compiled=compiled, fastest=best, tied=ties,
-                            next=(after or [None])[0]))
+        after = [r for r in rest if not tied(r, best)]
+        summary.append(dict(mode=mode, batch=batch, seq_len=seq_len, compiled=compiled, fastest=best,
+                            tied=[r for r in rest if tied(r, best)], next=(after or [None])[0]))
     return summary
 
 
-# --- Tables and charts ------------------------------------------------------------------------------------------------
+# --- Tables and charts ----------------------------------------------------------------------------------------------
 
 def verdict(row):
     if row["status"] != "ok":
         return f"{row['status']}: {row['reason']}"
     if row["correct"] is False:
-        error = row["max_abs_error"]
-        return f"**no** ({f'max abs error {error:.2g}' if error is not None else row['reason']})"
+        return f"**no** ({'max abs error %.2g' % row['max_abs_error'] if row['max_abs_error'] is not None else row['reason']})"
     return "yes" if row["correct"] else "unchecked" + (f": {row['reason']}" if row["reason"] else "")
 
 
 def results_table(result, mode="forward", batch=None, seq_len=None):
-    """Every class at one shape (default the headline shape) in `mode`: rank, median ms, IQR, TFLOP/s, % of the
-    paired matmul, peak MiB, SDPA backend, compile s and whether it matched the reference. Correct rows first,
-    by median; incorrect, unchecked, failed and skipped rows after, unranked. A note names rows measured on a
-    contended CPU."""
+    """Every class at one shape (default the headline) in `mode`: rank, median ms, IQR, TFLOP/s, % of the paired
+    matmul, peak MiB, SDPA backend, compile s, correct. Correct rows first, by median; the others unranked. A note
+    names rows measured on a contended CPU."""
     rows = shape_rows(result, mode, batch, seq_len)
     order = sorted(filter(ranked, rows), key=lambda r: r["ms_median"]) + [r for r in rows if not ranked(r)]
     lines = table(["#", "implementation", "ms (median)", "IQR ms", "TFLOP/s", "% of matmul", "peak MiB", "SDPA backend",
@@ -471,25 +422,22 @@ def results_table(result, mode="forward", batch=None, seq_len=None):
          ", ".join(row["sdpa_backends"] or ["—"]), number(row["compile_s"], 2), verdict(row)]
         for index, row in enumerate(order)], "rlrrrrrlrl")
     contended = [r for r in rows if (r["cpu_utilization"] or 1.0) < metrics.CONTENDED_BELOW]
-    if contended:
-        lines += (f"\n\nMeasured while other processes competed for the CPU (share of its threads' time this process "
-                  f"got, below {metrics.CONTENDED_BELOW:.0%}): "
-                  + ", ".join(f"`{r['label']}` {r['cpu_utilization']:.0%}" for r in contended)
-                  + ". These times overstate the cost.")
-    return lines
+    return lines + (f"\n\nMeasured while other processes competed for the CPU (share of its threads' time this process "
+                    f"got, below {metrics.CONTENDED_BELOW:.0%}): " + ", ".join(
+                        f"`{r['label']}` {r['cpu_utilization']:.0%}" for r in contended)
+                    + ". These times overstate the cost." if contended else "")
 
 
 def sweep_table(result, mode="forward", metric="ms_median"):
-    """One row field (`ms_median`, `tflops`, `share_of_paired_matmul`, `share_of_matmul_peak` or
-    `peak_memory_bytes`, in MiB) for every class (rows) against T (columns); cells that are not a number say why."""
+    """One row field (`ms_median`, `tflops`, `share_of_paired_matmul`, `share_of_matmul_peak`, `peak_memory_bytes`
+    in MiB) per class (rows) against T (columns); a cell that is not a number says why."""
     units = {"ms_median": "ms", "peak_memory_bytes": "MiB", "tflops": "TFLOP/s", "share_of_matmul_peak": "% of matmul",
              "share_of_paired_matmul": "% of paired matmul"}
     if metric not in units:
         raise ValueError(f"metric must be one of {', '.join(units)}, got metric={metric!r}")
     shown = {"peak_memory_bytes": mebibytes, "share_of_matmul_peak": percent, "share_of_paired_matmul": percent}
     rows = sweep_rows(result, mode)
-    lengths = sorted({r["seq_len"] for r in rows})
-    cells = {(r["label"], r["seq_len"]): r for r in rows}
+    lengths, cells = sorted({r["seq_len"] for r in rows}), {(r["label"], r["seq_len"]): r for r in rows}
 
     def cell(row):
         if row is None or row["status"] != "ok":
@@ -509,8 +457,8 @@ def yardstick_note(result):
     return (f"% of matmul = the row's TFLOP/s over the rate of {matmul} timed in blocks interleaved with the row's own "
             f"(matmul, row, matmul, ...), so both saw the same machine. That rate ranged from "
             f"{number(paired['lowest_tflops'])} to {number(paired['highest_tflops'])} TFLOP/s over the run's "
-            f"{paired['rows']} rows (median {number(paired['median_tflops'])}; the run-level rate, sampled at the "
-            f"start and after each shape: {number(peak['tflops'])}).")
+            f"{paired['rows']} rows (median {number(paired['median_tflops'])}; the run-level rate, sampled at the start "
+            f"and after each shape: {number(peak['tflops'])}).")
 
 
 def markdown_tables(result, include_sweep=False):
@@ -520,45 +468,45 @@ def markdown_tables(result, include_sweep=False):
     for mode in config["modes"]:
         parts += [f"#### {MODE_TITLES[mode]}, {result['dtype']}, B={config['batch']}, T={config['seq_len']}, "
                   f"d_model={config['d_model']}, {config['num_heads']} heads\n", results_table(result, mode), ""]
-        for metric, what in (("ms_median", "median ms"), ("peak_memory_bytes", "peak MiB")):
-            if include_sweep and sweep_rows(result, mode):
+        for metric, what in (("ms_median", "median ms"), ("peak_memory_bytes", "peak MiB")) if include_sweep else ():
+            if sweep_rows(result, mode):
                 parts += [f"#### {MODE_TITLES[mode]}: {what} against T (B={config['sweep_batch']})\n",
                           sweep_table(result, mode, metric), ""]
-    if result.get("matmul_peak"):
-        parts.append(yardstick_note(result) + " Rows that are not `correct` have no rank.")
+    parts += [yardstick_note(result) + " Rows that are not `correct` have no rank."] if result.get("matmul_peak") else []
     return "\n".join(parts).rstrip() + "\n"
 
 
+def fastest_cell(entry):
+    """One `fastest` entry in words: the fastest row and its median, the rows tied with it, how much slower the next is."""
+    if entry is None:
+        return "—"
+    best, after = entry["fastest"], entry["next"]
+    return (f"`{best['label']}` {number(best['ms_median'])} ms" + ("; tied: " + ", ".join(
+        f"`{r['label']}` {number(r['ms_median'])}" for r in entry["tied"]) if entry["tied"] else "")
+        + (f"; next `{after['label']}` {slower_by(after, best)}" if after else ""))
+
+
 def fastest_table(result):
-    """`fastest` as a table: a line per shape (by batch, then length), a column per mode; each cell the fastest
-    correct row and its median, the rows tied with it, and how much slower the next one is."""
+    """`fastest` as a table: a line per shape (by batch, then length), a column per mode."""
     entries = fastest(result)
     modes = list(dict.fromkeys((e["mode"], e["compiled"]) for e in entries))
     cells = {(e["batch"], e["seq_len"], e["mode"], e["compiled"]): e for e in entries}
-
-    def cell(entry):
-        if entry is None:
-            return "—"
-        best, after = entry["fastest"], entry["next"]
-        return (f"`{best['label']}` {number(best['ms_median'])} ms"
-                + ("; tied: " + ", ".join(f"`{r['label']}` {number(r['ms_median'])}" for r in entry["tied"])
-                   if entry["tied"] else "") + (f"; next `{after['label']}` {slower_by(after, best)}" if after else ""))
     return table(["B", "T"] + [MODE_TITLES[mode] + (", compiled" if compiled else "") for mode, compiled in modes],
-                 [[batch, seq_len] + [cell(cells.get((batch, seq_len, *key))) for key in modes]
+                 [[batch, seq_len] + [fastest_cell(cells.get((batch, seq_len, *key))) for key in modes]
                   for batch, seq_len in dict.fromkeys((e["batch"], e["seq_len"]) for e in entries)], "rr" + "l" * len(modes))
 
 
 def memory_slopes(result, mode, shortest=2048):
-    """Fitted growth of peak memory with T per class: `{label: {"slope", "lengths"}}`, the least-squares slope of
-    log(peak) against log(T) over the lengths `>= shortest` (at least two): 2 for T², 1 for T. Below
-    `shortest` the weights' gradients and other fixed costs hide the growth."""
+    """Fitted growth of peak memory with T per class, `{label: {"slope", "lengths"}}`: the least-squares slope of
+    log(peak) against log(T) over the lengths `>= shortest` (two at least): 2 for T², 1 for T. Below `shortest`
+    the weights' gradients and other fixed costs hide the growth."""
     slopes = {}
     for label, points in sweep_series(result, mode, "peak_memory_bytes").items():
-        points = [(math.log(t), math.log(v)) for t, v in points if t >= shortest and v > 0]
+        points = [(math.log(t), math.log(v), t) for t, v in points if t >= shortest and v > 0]
         if len(points) >= 2:
             mean_x, mean_y = (sum(p[i] for p in points) / len(points) for i in (0, 1))
-            slope = (sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x, _ in points))
-            slopes[label] = {"slope": slope, "lengths": [round(math.exp(x)) for x, _ in points]}
+            slope = sum((x - mean_x) * (y - mean_y) for x, y, _ in points) / sum((x - mean_x) ** 2 for x, _, _ in points)
+            slopes[label] = {"slope": slope, "lengths": [t for _, _, t in points]}
     return slopes
 
 
@@ -573,52 +521,29 @@ def memory_slope_table(result, shortest=2048):
                   "peak at the longest (MiB)"], lines, "llrlr")
 
 
-def shape_panels(result, keep, sort_key):
-    """One bar-chart panel per mode at the headline shape: a figure tall enough for the longest, and
-    `(ax, rows)` per panel with the rows `keep` accepts, bottom bar first by `sort_key`."""
+def plot_bars(result):
+    """Median time per class at the headline shape, a panel per mode, error bars over the IQR; incorrect rows hatched
+    red, rows with fewer K/V heads orange; failed and skipped rows left out."""
     from matplotlib.figure import Figure
 
-    config = result["config"]
-    rows_per_mode = [sorted(filter(keep, shape_rows(result, mode)), key=sort_key) for mode in config["modes"]]
-    fig = Figure(figsize=(6.0 * len(rows_per_mode), max(2.5, 0.32 * max(map(len, rows_per_mode), default=1) + 1.2)))
-    axes = fig.subplots(1, len(rows_per_mode), squeeze=False)[0]
-    for ax, mode in zip(axes, config["modes"]):
-        ax.set_title(f"{MODE_TITLES[mode]}, B={config['batch']}, T={config['seq_len']}")
-        ax.grid(axis="x", alpha=0.3)
-    return fig, list(zip(axes, rows_per_mode))
-
-
-def plot_bars(result):
-    """Median time per class at the headline shape, a panel per mode, error bars over the IQR; incorrect rows
-    hatched red, rows with fewer K/V heads orange; failed and skipped rows left out."""
-    fig, panels = shape_panels(result, lambda r: r["status"] == "ok", lambda r: -r["ms_median"])
-    for ax, rows in panels:
-        bars = ax.barh([chart_label(r) + ("  (incorrect)" if r["correct"] is False else "") for r in rows],
+    config, panels = result["config"], [sorted((r for r in shape_rows(result, mode) if r["status"] == "ok"),
+                                               key=lambda r: -r["ms_median"]) for mode in result["config"]["modes"]]
+    fig = Figure(figsize=(6.0 * len(panels), max(2.5, 0.32 * max(map(len, panels), default=1) + 1.2)))
+    for ax, mode, rows in zip(fig.subplots(1, len(panels), squeeze=False)[0], config["modes"], panels):
+        bars = ax.barh([r["label"] + (f" ({r['num_kv_heads']} K/V)" if fewer_kv_heads(r) else "")
+                        + ("  (incorrect)" if r["correct"] is False else "") for r in rows],
                        [r["ms_median"] for r in rows], capsize=2,
                        xerr=[[r["ms_median"] - r["ms_q1"] for r in rows], [r["ms_q3"] - r["ms_median"] for r in rows]],
                        color=["tab:red" if r["correct"] is False else "tab:orange" if fewer_kv_heads(r) else "tab:blue"
                               for r in rows])
         for bar, row in zip(bars, rows):
             bar.set_hatch("//" if row["correct"] is False else "")
-        ax.set_xlabel("time per call (ms, median; bars: IQR)")
-    grouped = " (orange: fewer K/V heads)" if any(fewer_kv_heads(r) for _, rows in panels for r in rows) else ""
-    fig.suptitle(f"Causal self-attention, d_model={result['config']['d_model']}, {result['config']['num_heads']} "
-                 f"heads{grouped}: {title_suffix(result)}")
-    fig.tight_layout()
-    return fig
-
-
-def plot_share(result):
-    """Each correct row's `matmul_share` at the headline shape, a panel per mode; a dashed line marks 100%."""
-    fig, panels = shape_panels(result, lambda r: ranked(r) and matmul_share(r) is not None, matmul_share)
-    for ax, rows in panels:
-        shares = [100 * matmul_share(r) for r in rows]
-        ax.bar_label(ax.barh([chart_label(r) for r in rows], shares, color="tab:green"),
-                     labels=[f"{share:.0f}%" for share in shares], padding=2, fontsize=7)
-        ax.axvline(100, color="k", linestyle="--", linewidth=1, alpha=0.6)
-        ax.set_xlim(0, max([110.0] + [share * 1.12 for share in shares]))
-        ax.set_xlabel("useful TFLOP/s as % of the matmul rate timed beside it")
-    fig.suptitle(f"Share of the matmul rate: {title_suffix(result)}")
+        ax.set(title=f"{MODE_TITLES[mode]}, B={config['batch']}, T={config['seq_len']}",
+               xlabel="time per call (ms, median; bars: IQR)")
+        ax.grid(axis="x", alpha=0.3)
+    grouped = " (orange: fewer K/V heads)" if any(fewer_kv_heads(r) for rows in panels for r in rows) else ""
+    fig.suptitle(f"Causal self-attention, d_model={config['d_model']}, {config['num_heads']} heads{grouped}: "
+                 f"{title_suffix(result)}")
     fig.tight_layout()
     return fig
 
@@ -632,7 +557,7 @@ def sweep_series(result, mode, metric):
     return {label: sorted(points) for label, points in series.items()}
 
 
-# The classes a sweep chart draws in colour, each a kind of kernel; the others are grey, under one legend entry.
+# The classes a sweep chart draws in colour, one per kind of kernel; the others grey, under one legend entry.
 HIGHLIGHTED = {"split_heads": ("naive: (B, H, T, T) scores", "tab:red"), "sdpa_causal": ("SDPA, fused", "tab:blue"),
                "tiled": ("tiled (FlashAttention's algorithm)", "tab:green"), "flex": ("FlexAttention", "tab:purple")}
 
@@ -642,8 +567,7 @@ def sweep_figure(result, mode, series, guides, what):
     `[(power, label)]` draw c·T^power from the highlighted lines' geometric mean at the shortest T."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(7.5, 5))
-    ax = fig.subplots()
+    ax = (fig := Figure(figsize=(7.5, 5))).subplots()
     for label, points in sorted(series.items(), key=lambda item: item[0].split(" ")[0] in HIGHLIGHTED):
         name, color = HIGHLIGHTED.get(label.split(" ")[0], (None, "0.72"))
         ax.plot(*zip(*points), marker="o" if name else None, markersize=4, linewidth=2 if name else 1, color=color,
@@ -651,14 +575,13 @@ def sweep_figure(result, mode, series, guides, what):
     if any(label.split(" ")[0] not in HIGHLIGHTED for label in series):
         ax.plot([], [], color="0.72", label="other classes (see the tables)")
     start = min((points[0][0] for points in series.values()), default=None)
-    anchors = [points[0][1] for label, points in series.items()
-               if points[0][0] == start and label.split(" ")[0] in HIGHLIGHTED]
+    anchors = [p[0][1] for label, p in series.items() if p[0][0] == start and label.split(" ")[0] in HIGHLIGHTED]
     longest = max((points[-1][0] for points in series.values()), default=None)
     for power, name in guides if anchors else ():  # from the data at the shortest length, growing as T^power
         anchor = math.exp(sum(map(math.log, anchors)) / len(anchors))
         ax.plot([start, longest], [anchor, anchor * (longest / start) ** power], "k--" if power == 2 else "k:",
                 linewidth=1, alpha=0.6, label=name)
-    ax.set(xscale="log", yscale="log", xlabel="sequence length T (tokens)", ylabel=what)
+    ax.set(yscale="log", xlabel="sequence length T (tokens)", ylabel=what)
     ax.set_xscale("log", base=2)
     ax.set_title(f"{MODE_TITLES[mode]}: {what.split(' (')[0]} against T, B={result['config']['sweep_batch']}: "
                  f"{title_suffix(result)}", fontsize=10)
@@ -670,12 +593,11 @@ def sweep_figure(result, mode, series, guides, what):
 
 def plot_time_vs_seq_len(result, mode="forward"):
     """Median time against T (log-log), with an O(T²) guide."""
-    return sweep_figure(result, mode, sweep_series(result, mode, "ms_median"), [(2, "O(T²)")],
-                        "time per call (ms, median)")
+    return sweep_figure(result, mode, sweep_series(result, mode, "ms_median"), [(2, "O(T²)")], "time per call (ms, median)")
 
 
 def plot_memory_vs_seq_len(result, mode="forward"):
-    """Peak memory of one call against T (log-log), with O(T) and O(T²) guides through the data."""
+    """Peak memory of one call against T (log-log), with O(T) and O(T²) guides from the data."""
     series = {label: [(t, v / 2**20) for t, v in points if v > 0]
               for label, points in sweep_series(result, mode, "peak_memory_bytes").items()}
     return sweep_figure(result, mode, {label: points for label, points in series.items() if points},
@@ -683,17 +605,13 @@ def plot_memory_vs_seq_len(result, mode="forward"):
 
 
 def charts(result):
-    """The charts of one run: time and matmul share per class at the headline shape, and time and memory
-    against T for each mode the sweep measured."""
-    device = title_suffix(result)
-    found = {"bars": (plot_bars(result), f"median time per implementation at the headline shape, {device}"),
-             "share": (plot_share(result), f"share of the matmul rate per implementation at the headline shape, {device}")}
-    for mode in result["config"]["modes"]:
-        if len(sweep_series(result, mode, "ms_median")):
-            found[f"time-{mode}"] = (plot_time_vs_seq_len(result, mode),
-                                     f"{MODE_TITLES[mode]} time against sequence length, {device}")
-            found[f"memory-{mode}"] = (plot_memory_vs_seq_len(result, mode),
-                                       f"{MODE_TITLES[mode]} peak memory against sequence length, {device}")
+    """Time per class at the headline shape; time and memory against T for each mode the sweep measured."""
+    device, found = title_suffix(result), {}
+    found["bars"] = (plot_bars(result), f"median time per implementation at the headline shape, {device}")
+    for mode in (mode for mode in result["config"]["modes"] if sweep_series(result, mode, "ms_median")):
+        found[f"time-{mode}"] = (plot_time_vs_seq_len(result, mode), f"{MODE_TITLES[mode]} time against T, {device}")
+        found[f"memory-{mode}"] = (plot_memory_vs_seq_len(result, mode),
+                                   f"{MODE_TITLES[mode]} peak memory against T, {device}")
     return found
 
 
@@ -704,15 +622,13 @@ def tables(result):
 
 def page(result, images):
     """One run on the Benchmarks page: its shape, headline tables, charts; the sweep's tables collapsed."""
-    config, slopes = result["config"], memory_slopes(result, "forward")
+    config = result["config"]
     parts = [f"Headline shape: batch {config['batch']}, T = {config['seq_len']}; the sweep runs batch "
              f"{config['sweep_batch']}, T = {', '.join(map(str, config['seq_lens']))}.",
              markdown_tables(result), "\n\n".join(images.values())]
-    if slopes:
+    if memory_slopes(result, "forward"):
         parts.append("Peak memory of one call against T, the growth fitted over T ≥ 2048 (below it the weights' "
                      "gradients and other fixed costs hide it):\n\n" + memory_slope_table(result))
-    for mode in config["modes"]:
-        if sweep_rows(result, mode):
-            parts.append(collapsed(f"{MODE_TITLES[mode]}: every length", "\n\n".join(
-                sweep_table(result, mode, metric) for metric in ("ms_median", "peak_memory_bytes"))))
+    parts += [collapsed(f"{MODE_TITLES[mode]}: every length", "\n\n".join(sweep_table(result, mode, metric) for metric in (
+        "ms_median", "peak_memory_bytes"))) for mode in config["modes"] if sweep_rows(result, mode)]
     return "\n\n".join(part.strip() for part in parts if part.strip())
