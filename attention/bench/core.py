@@ -1,14 +1,8 @@
-"""The measuring core every sweep shares, written once.
-
-* `Envelope`: a results file while it is measured: the provenance and the load average before the whole
-  run, the section of each sweep, a rewrite after every row (`add`, so a run that dies keeps what it
-  measured), the load average and duration after the whole run; one progress line per row.
-* `measure(call, check, device, timing, yardstick, reset)`: one row's numbers: the first call alone
-  (compilation included), its output checked against the float64 reference, the SDPA backends and peak
-  memory of one profiled call, then the timing blocks interleaved with the yardstick's (`Yardstick`: a
-  matmul's rate or a large read's bandwidth), so the row's rate and the yardstick's see the same machine.
-* `failed(row, error)`: the one failure path, one message per kind ("out of memory", or the error's first
-  line); `over_budget`: the one memory budget, checked before a row that could exhaust RAM.
+"""The measuring core every sweep shares, written once: `Envelope` (a results file while it is measured: the
+provenance and load average before the whole run, each sweep's section, a rewrite after every row, the load
+average and duration after the whole run, one progress line per row); `measure` (one row: the first call, its
+check against the float64 reference, backends and peak memory of a profiled call, then timing blocks
+interleaved with a `Yardstick`'s); `failed` (the one failure path); `over_budget` (the one memory budget).
 """
 
 import gc
@@ -31,8 +25,7 @@ DTYPES = {"float32": torch.float32, "tf32": torch.float32, "bfloat16": torch.bfl
 
 
 def resolve_device(device):
-    """A `torch.device` for "auto" (CUDA, else MPS, else CPU), "cpu", "cuda" or "mps"; `ValueError` if unknown
-    or unavailable."""
+    """A `torch.device` for "auto" (CUDA, else MPS, else CPU), "cpu", "cuda" or "mps"; `ValueError` if unavailable."""
     if device not in DEVICES:
         raise ValueError(f"device must be one of {', '.join(DEVICES)}, got device={device!r}")
     if device == "auto":
@@ -59,7 +52,7 @@ def memory_budget(device):
     """Bytes a row may take on CPU: 3/4 of the memory available now (past RAM the operating system kills the
     process instead of raising); None elsewhere, where running out of memory raises and the row fails."""
     available = available_memory_bytes() if torch.device(device).type == "cpu" else None
-    return None if available is None else available * 3 // 4
+    return available and available * 3 // 4
 
 
 def size_text(nbytes):
@@ -68,9 +61,7 @@ def size_text(nbytes):
 
 def over_budget(needed, budget, what):
     """The skip reason when `needed` bytes (`what` says which) exceed `budget`, else None."""
-    if budget and needed and needed > budget:
-        return f"{what} {size_text(needed)} exceeds the memory budget {size_text(budget)}"
-    return None
+    return f"{what} {size_text(needed)} exceeds the memory budget {size_text(budget)}" if budget and (needed or 0) > budget else None
 
 
 def error_text(error):
@@ -120,6 +111,16 @@ class Measured(TypedDict):
                                "the cores and the time overstates the cost."]
 
 
+class PairedMatmul(TypedDict):
+    """The rates of a row timed beside the matmul yardstick (the sequence and block-sparse sweeps)."""
+
+    tflops: Annotated[float | None, RATE, "`flops / ms_median`, in TFLOP/s."]
+    matmul_tflops_paired: Annotated[float | None, RATE, "The matmul rate timed in blocks interleaved with this row's "
+                                    "(median over those blocks), TFLOP/s."]
+    share_of_paired_matmul: Annotated[float | None, SHARE, "`tflops / matmul_tflops_paired`: the row's rate against "
+                                      "the matmul's under the same machine conditions (it can exceed 1)."]
+
+
 class Yardstick(NamedTuple):
     """What a row's rate is measured against, timed in blocks interleaved with the row's (see `measure`)."""
 
@@ -145,8 +146,7 @@ def bandwidth_yardstick(device, dtype, nbytes):
 
 
 def compared(out, expected, tolerance):
-    """`{correct, max_abs_error, reason}` of `out` against the float64 `expected` (or the `ValueError` that
-    computing it raised: then not checked)."""
+    """`{correct, max_abs_error, reason}` of `out` against the float64 `expected` (or the error computing it raised)."""
     if isinstance(expected, Exception):
         return dict(correct=None, max_abs_error=None, reason=f"not checked: {error_text(expected)}")
     correct, error = metrics.compare_to_reference(out, expected, tolerance)
@@ -199,12 +199,9 @@ def write_result(result, path):
 
 
 class Envelope:
-    """A results file while it is measured (see the module docstring); a context manager around the run.
-
-    `device` and `dtype` are resolved here, once for all the run's sweeps; `argv` is the command line to
-    record (default `sys.argv`); `out` the file to write (None: kept in memory). Set `progress = False`
-    to silence the progress lines (stderr).
-    """
+    """A results file while it is measured, a context manager around the run: `device` and `dtype` resolved once for
+    all its sweeps, `argv` the command line to record (default `sys.argv`), `out` the file to write (None: in memory).
+    `progress = False` silences the progress lines (stderr)."""
 
     def __init__(self, profile, device="auto", dtype="float32", argv=None, out=None):
         self.device = resolve_device(device)
@@ -229,8 +226,8 @@ class Envelope:
         self.checkpoint()
 
     def open(self, name, section, rows):
-        """Register a sweep's section (its config record and first fields), expecting `rows` rows; returns
-        the dict to fill (the top level of the file for the sequence sweep)."""
+        """Register a sweep's section, `rows` rows to come; returns the dict to fill (the file's top level for the
+        sequence sweep)."""
         self.total += rows
         if name == "sequence":
             self.result.update(section)
@@ -265,8 +262,7 @@ class Envelope:
 
 
 def run(plan, device="auto", dtype="float32", argv=None, out=None, progress=True):
-    """Measure a `profiles.Plan` (a profile's name, its sweeps and their configs) in one envelope, written to
-    `out` as it goes; returns the result."""
+    """Measure a `profiles.Plan` (a profile, its sweeps and their configs) in one envelope; returns the result."""
     envelope = Envelope(plan.profile, device, dtype, argv, out)
     envelope.progress = progress
     with envelope:
@@ -275,8 +271,7 @@ def run(plan, device="auto", dtype="float32", argv=None, out=None, progress=True
     return envelope.result
 
 
-def release(device):
-    """Free what the last rows left behind before the next ones: Python garbage and the device's cache."""
+def release(device):  # what the last rows left behind: Python garbage and the device's cache
     gc.collect()
     if device.type in ("cuda", "mps"):
         getattr(torch, device.type).empty_cache()

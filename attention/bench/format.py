@@ -1,9 +1,6 @@
-"""Words and numbers for the tables: number formats, the device's identity, Markdown blocks, the provenance note.
-
-Nothing here measures; every sweep's tables and the docs hook format through these, so a number or a
-device reads the same everywhere. Strings from a results file reach these functions already escaped
-(`results.escaped`, applied by `results.load_result` and `results.check_file`).
-"""
+"""Words and numbers for the tables (number formats, the device's identity, Markdown blocks, the provenance
+note), so that a number or a device reads the same everywhere. Nothing here measures; strings from a results file
+arrive escaped (`results.escaped`)."""
 
 import math
 import re
@@ -35,8 +32,7 @@ def percent(share):
 
 
 def table(header, rows, align=None):
-    """A Markdown table: `header` cells, `rows` of cells, `align` a string of "l"/"r" per column (default:
-    the first left, the rest right)."""
+    """A Markdown table; `align` has an "l" or "r" per column (default: the first left, the others right)."""
     align = align or "l" + "r" * (len(header) - 1)
     return "\n".join(["| " + " | ".join(header) + " |", "|" + "|".join("---" if a == "l" else "--:" for a in align) + "|"]
                      + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows])

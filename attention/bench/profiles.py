@@ -1,9 +1,6 @@
-"""The profiles: plain presets, each naming the sweeps a run measures and the sizes it changes from their defaults.
-
-`python -m attention.bench --profile NAME` runs one (`--quick` is `--profile quick`); every sweep is also a
-profile of its own name, with its defaults. A command-line option sets the field of the same name (or the
-one `Config.OPTIONS` maps it to) in every sweep of the profile that has it, over the preset.
-"""
+"""The profiles: plain presets naming the sweeps a run measures and the sizes they change from the defaults.
+`--profile NAME` runs one; a sweep no preset runs alone is a profile of its name. A command-line option sets the
+field of its name (or the one `Config.OPTIONS` maps it to) in every sweep of the profile that has it."""
 
 import dataclasses
 from typing import NamedTuple
@@ -44,8 +41,8 @@ def profiles():
 
 
 def plan(profile, options):
-    """The `Plan` of `profile` with the command line's `options` ({field or option name: value}, None: not given)
-    over its preset; configs not yet resolved (`Config.resolve(device)` checks them)."""
+    """The `Plan` of `profile`, `options` ({option or field: value}, None: not given) over its preset; configs not yet
+    resolved (`Config.resolve(device)` checks them)."""
     from attention.bench import SWEEPS
 
     if profile not in profiles():
@@ -70,8 +67,7 @@ def quick_config(**overrides):
 
 
 def profile_summary(config):
-    """A sequence run's sizes and timing in words, from its config (a results file's `config`, or a `Config` as a
-    dict), so the pages cannot drift from what ran."""
+    """A sequence run's sizes and timing in words, from its config (a file's `config`, or a `Config` as a dict)."""
     lengths = ", ".join(str(t) for t in config["seq_lens"] or ())
     shape = (f"batch {config['sweep_batch']}, `T` = {lengths}" if lengths
              else f"batch {config['batch']}, `T` = {config['seq_len']}")
@@ -84,8 +80,7 @@ def quick_profile_summary():
     return profile_summary(dataclasses.asdict(quick_config()))
 
 
-def recorded_durations():
-    """How long each profile's recorded runs took, read from docs/results/ (a checkout only), in words."""
+def recorded_durations():  # how long each profile's runs recorded in docs/results/ took, in words
     runs = {}
     for folder in [RESULTS_DIR, *sorted(path for path in RESULTS_DIR.glob("*") if path.is_dir())]:
         for path in find_results(folder):

@@ -1,11 +1,9 @@
 """The benchmark's sweeps, one file each, reading top to bottom: config -> cases -> `Row` -> run -> tables/charts.
 
-`Sweep` below is the contract every file here keeps, written once; `attention.bench.SWEEPS` lists them.
-A sweep never imports another: what they share is `attention.bench.core` (envelope, `measure`, failure
-path, yardsticks, memory budget), `results` (the schema's rules), `format` (numbers, tables, provenance)
-and `metrics`. Adding a sweep is a new file here that keeps `Sweep`, plus its line in `SWEEPS`: it then runs
-as `python -m attention.bench --profile <NAME>`, its files validate (`--validate`), and the Benchmarks page
-shows the runs in `docs/results/<NAME>/` wherever `docs/benchmarks.md` holds `<!-- runs: <NAME> -->`.
+`Sweep` is the contract every file here keeps, written once. A sweep never imports another: they share
+`attention.bench.core` (envelope, `measure`, failure path, yardsticks, memory budget), `results` (the schema's
+rules), `format` and `metrics`. Adding one is a file here and its line in `attention.bench.SWEEPS`: it then runs
+as `--profile <NAME>`, validates, and shows on the Benchmarks page where `<!-- runs: <NAME> -->` stands.
 """
 
 from typing import Protocol, runtime_checkable

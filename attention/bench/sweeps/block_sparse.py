@@ -78,7 +78,7 @@ class Config:
         return resolved
 
 
-class Row(core.Measured):
+class Row(core.Measured, core.PairedMatmul):
     """One kernel on one pattern at one length, forward."""
 
     pattern: Annotated[str, one_of(*PATTERNS), "Key of `block_sparse.patterns`, which describes the mask in words."]
@@ -99,9 +99,6 @@ class Row(core.Measured):
                                "reference, all heads, batch element 0."]
     flops: Annotated[int, integer(), "`4·B·H·D` × attended pairs: the work the mask asks for, the same for both kernels."]
     flops_dense: Annotated[int, integer(), "`4·B·H·D·T²`: the work of every pair."]
-    tflops: Annotated[float | None, RATE, "`flops / ms_median`, in TFLOP/s."]
-    matmul_tflops_paired: Annotated[float | None, RATE, "The matmul rate timed in blocks interleaved with this row's."]
-    share_of_paired_matmul: Annotated[float | None, SHARE, "`tflops / matmul_tflops_paired`."]
 
 
 def run(config, envelope):

@@ -162,17 +162,15 @@ class Row(core.Measured):
                               "fewer for a sliding window."]
     tokens_per_s: Annotated[float | None, RATE, "`batch / step time`: new tokens per second, one layer."]
     cache_bytes_per_token: Annotated[int, BYTES, "Bytes one position takes in one sequence's cache."]
-    cache_bytes_read: Annotated[int | None, BYTES, "`batch * positions_read * cache_bytes_per_token`: the cache a "
-                                "step reads."]
+    cache_bytes_read: Annotated[int | None, BYTES, "`batch * positions_read * cache_bytes_per_token`: cache read."]
+    flops: Annotated[int | None, integer(), "The step's useful FLOPs: `2 * batch * parameters` (the projections) plus "
+                     "`4 * batch * num_heads * positions_read * head_dim` (scores and weighted values)."]
     weight_bytes: Annotated[int | None, BYTES, "The layer's parameters, read once per step."]
     bytes_read: Annotated[int | None, BYTES, "`cache_bytes_read + weight_bytes`: what the step must read at least."]
     gbps: Annotated[float | None, RATE, "`bytes_read / step time`, in GB/s (10^9 bytes)."]
-    bandwidth_gbps_paired: Annotated[float | None, RATE, "The yardstick's read rate (a sum over `bandwidth_bytes`) "
-                                     "timed in blocks interleaved with this row's (median), GB/s."]
+    bandwidth_gbps_paired: Annotated[float | None, RATE, "A sum's read rate timed beside the row's blocks (median), GB/s."]
     share_of_paired_bandwidth: Annotated[float | None, SHARE, "`gbps / bandwidth_gbps_paired`: how close the step comes "
                                          "to reading at the device's rate under the same conditions."]
-    flops: Annotated[int | None, integer(), "The step's useful FLOPs: `2 * batch * parameters` (the projections) plus "
-                     "`4 * batch * num_heads * positions_read * head_dim` (scores and weighted values)."]
     tflops: Annotated[float | None, RATE, "`flops / step time`, TFLOP/s."]
     share_of_matmul_peak: Annotated[float | None, SHARE, "`tflops / decode.matmul_peak.tflops`: against the run's "
                                     "matmul rate (a large dense matmul, median of samples)."]

@@ -103,7 +103,7 @@ class Case(NamedTuple):
     seq_len: int
 
 
-class Row(core.Measured):
+class Row(core.Measured, core.PairedMatmul):
     """One implementation (compiled or not) in one mode at one shape. `null`: not measured."""
 
     implementation: Annotated[str, implementation_name, "Registry name."]
@@ -126,12 +126,7 @@ class Row(core.Measured):
     flops_projections: Annotated[int, integer(), "Useful FLOPs of the query, key, value and output projections, "
                                  "with the key and value width of `num_kv_heads`."]
     flops: Annotated[int, integer(), "`flops_attention + flops_projections`: the same for every class of one model."]
-    tflops: Annotated[float | None, RATE, "`flops / ms_median`, in TFLOP/s."]
     share_of_matmul_peak: Annotated[float | None, SHARE, "`tflops / matmul_peak.tflops`, the run-level matmul rate."]
-    matmul_tflops_paired: Annotated[float | None, RATE, "The matmul rate timed in blocks interleaved with this row's "
-                                    "(median over those blocks), TFLOP/s."]
-    share_of_paired_matmul: Annotated[float | None, SHARE, "`tflops / matmul_tflops_paired`: the row's rate against "
-                                      "the matmul's under the same machine conditions (it can exceed 1)."]
 
 
 def predicted_peak(last, batch, seq_len):
