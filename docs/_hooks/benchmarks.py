@@ -29,9 +29,7 @@ from attention import bench  # noqa: E402 - after the filter: the import reaches
 from attention.bench import SWEEPS, profiles, render  # noqa: E402
 from attention.bench.results import escaped, fields_table, section  # noqa: E402
 
-QUICK_TIMEOUT_S = 15 * 60
-ENV_VAR = "ATTENTION_BENCH_QUICK_RESULT"
-ASSETS = "assets/benchmarks"
+QUICK_TIMEOUT_S, ENV_VAR, ASSETS = 15 * 60, "ATTENTION_BENCH_QUICK_RESULT", "assets/benchmarks"
 # Device type -> (its tab, its title on "Add your device", the command that records a default-profile run).
 DEVICES = {kind: (label, title, f"python -m attention.bench --device {kind} --dtype {dtype} --mode both{extra} --out "
                               f"docs/results/{kind}-my-{name}-{dtype}.json")
@@ -73,7 +71,8 @@ def on_pre_build(config):
                if verdict["problems"]]
     if invalid:
         raise PluginError("results files that are not valid (python -m attention.bench --validate FILE):\n" + "\n".join(invalid))
-    for folder in [results_dir, *(path for path in results_dir.iterdir() if path.is_dir())]:  # default, float32 first
+    shown = re.findall(r"<!-- runs: ([\w-]+) -->", (pathlib.Path(config.docs_dir) / "benchmarks.md").read_text("utf-8"))
+    for folder in [results_dir, *(results_dir / name for name in shown if (results_dir / name).is_dir())]:
         runs = [(path, escaped(checked[path]["result"])) for path in render.find_results(folder)]
         state["runs"][folder.relative_to(results_dir).as_posix()] = sorted(
             runs, key=lambda run: (run[1]["profile"] != "default", run[1]["dtype"] != "float32"))

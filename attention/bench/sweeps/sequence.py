@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import re
 import statistics
 from typing import Annotated, Callable, NamedTuple
 
@@ -620,7 +621,8 @@ def page(result, images):
     config = result["config"]
     parts = [f"Headline shape: batch {config['batch']}, T = {config['seq_len']}; the sweep runs batch "
              f"{config['sweep_batch']}, T = {', '.join(map(str, config['seq_lens']))}.",
-             markdown_tables(result), "\n\n".join(images.values())]
+             re.sub(r"^#### (.*)$", r"**\1**", markdown_tables(result), flags=re.MULTILINE),  # not in the page's TOC
+             "\n\n".join(images.values())]
     if memory_slopes(result, "forward"):
         parts.append("Peak memory of one call against T, the growth fitted over T ≥ 2048 (below it the weights' "
                      "gradients and other fixed costs hide it):\n\n" + memory_slope_table(result))
