@@ -8,13 +8,18 @@ the command line and a hash of the sources that ran. `render` gathers what the p
 docs/benchmark-schema.md describes the file.
 """
 
+import importlib
+
 from attention.bench.profiles import quick_config
 from attention.bench.provenance import source_hash
 from attention.bench.results import SCHEMA_VERSION
-from attention.bench.sweeps import block_sparse, decode, sequence
 
-# name -> sweep module (`sweeps.Sweep`): a new sweep is a file under sweeps/ and a line here.
-SWEEPS = {"sequence": sequence, "block_sparse": block_sparse, "decode": decode}
+# name -> sweep module (`sweeps.Sweep`): a new sweep is a file under sweeps/ and its name here.
+SWEEPS = {name: importlib.import_module(f"attention.bench.sweeps.{name}") for name in (
+    "sequence",
+    "block_sparse",
+    "decode",
+)}
 
 
 def run_benchmark(config=None, implementations=None, progress=True, argv=None, checkpoint=None):
@@ -26,11 +31,11 @@ def run_benchmark(config=None, implementations=None, progress=True, argv=None, c
     """
     from attention.bench.core import Envelope
 
-    config = config or sequence.Config()
+    config = config or SWEEPS["sequence"].Config()
     envelope = Envelope(config.profile, config.device, config.dtype, argv, checkpoint)
     envelope.progress = progress
     with envelope:
-        sequence.run(config, envelope, implementations)
+        SWEEPS["sequence"].run(config, envelope, implementations)
     return envelope.result
 
 

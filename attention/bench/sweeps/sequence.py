@@ -618,11 +618,11 @@ def tables(result):
 
 def page(result, images):
     """One run on the Benchmarks page: its shape, headline tables, charts; the sweep's tables collapsed."""
-    config = result["config"]
+    config, sweep_charts = result["config"], "\n\n".join(image for kind, image in images.items() if kind != "bars")
     parts = [f"Headline shape: batch {config['batch']}, T = {config['seq_len']}; the sweep runs batch "
              f"{config['sweep_batch']}, T = {', '.join(map(str, config['seq_lens']))}.",
              re.sub(r"^#### (.*)$", r"**\1**", markdown_tables(result), flags=re.MULTILINE),  # not in the page's TOC
-             "\n\n".join(images.values())]
+             images.get("bars", ""), sweep_charts and collapsed("Time and peak memory against T (charts)", sweep_charts)]
     if memory_slopes(result, "forward"):
         parts.append("Peak memory of one call against T, the growth fitted over T ≥ 2048 (below it the weights' "
                      "gradients and other fixed costs hide it):\n\n" + memory_slope_table(result))
