@@ -623,7 +623,7 @@ def page(result, images):
              f"{config['sweep_batch']}, T = {', '.join(map(str, config['seq_lens']))}.",
              re.sub(r"^#### (.*)$", r"**\1**", markdown_tables(result), flags=re.MULTILINE),  # not in the page's TOC
              images.get("bars", ""), sweep_charts and collapsed("Time and peak memory against T (charts)", sweep_charts)]
-    if memory_slopes(result, "forward"):
+    if any(len(fit["lengths"]) > 2 for fit in memory_slopes(result, "forward").values()):  # a fit of 3 lengths or more
         parts.append("Peak memory of one call against T, the growth fitted over T ≥ 2048 (below it the weights' "
                      "gradients and other fixed costs hide it):\n\n" + memory_slope_table(result))
     parts += [collapsed(f"{MODE_TITLES[mode]}: every length", "\n\n".join(sweep_table(result, mode, metric) for metric in (
