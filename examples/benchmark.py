@@ -218,7 +218,7 @@ for dtype in (torch.float32, torch.bfloat16):
         "written-out core: weights @ V": lambda: scores @ v,
     }
     for piece, call in calls.items():  # timed now: the lambdas read this iteration's tensors
-        timing = metrics.time_callable(call, "cpu", min_run_time=0.3, min_repeats=3, warmup_time=0.05)
+        timing = metrics.time_callable(call, "cpu", metrics.Timing(0.3, 3, 0.05))
         pieces.setdefault(piece, {})[dtype] = (timing["ms_median"], call)  # bfloat16's calls are probed below
 rows = []
 for piece, timings in pieces.items():

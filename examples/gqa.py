@@ -254,7 +254,7 @@ else:
         forward, both = headline(name, "forward"), headline(name, "forward_backward")
         assert forward["correct"] and both["correct"], name
         rows.append((f"`{name}`", forward["num_kv_heads"] or forward["num_heads"],
-                     f"{forward['flops_total'] / 1e9:,.0f}", f"{forward['ms_median']:,.0f}",
+                     f"{forward['flops'] / 1e9:,.0f}", f"{forward['ms_median']:,.0f}",
                      f"{forward['share_of_paired_matmul']:.0%}", f"{both['ms_median']:,.0f}",
                      f"{both['share_of_paired_matmul']:.0%}", f"{both['peak_memory_bytes'] / 2**20:,.0f}"))
     show_markdown(f"`docs/results/{prefill_path.name}`: {prefill_run['provenance']['device']['name']}, "
@@ -266,9 +266,9 @@ else:
                 "fwd + bwd peak MiB"], rows)
     mha_row, gqa_row, mqa_row = (headline(name, "forward") for name in ("sdpa_causal", "gqa", "mqa"))
     show_markdown(
-        f"`gqa` does {gqa_row['flops_total'] / mha_row['flops_total']:.0%} of `sdpa_causal`'s forward FLOPs and "
+        f"`gqa` does {gqa_row['flops'] / mha_row['flops']:.0%} of `sdpa_causal`'s forward FLOPs and "
         f"takes {gqa_row['ms_median'] / mha_row['ms_median']:.0%} of its time; `mqa` "
-        f"{mqa_row['flops_total'] / mha_row['flops_total']:.0%} and {mqa_row['ms_median'] / mha_row['ms_median']:.0%}. "
+        f"{mqa_row['flops'] / mha_row['flops']:.0%} and {mqa_row['ms_median'] / mha_row['ms_median']:.0%}. "
         "Without a cache the time follows the FLOPs: fewer K/V heads shrink the key and value projections, while "
         "the attention core, one per query head, stays the same. What GQA saves far more of is the cache, and the "
         "reading of it at every decoding step ([KV cache and decoding](../kv_cache/)).")

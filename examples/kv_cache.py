@@ -386,11 +386,10 @@ import itertools
 import torch.nn.functional as F
 
 from attention.bench import metrics
-from attention.bench.decode import bandwidth_call
 from attention.causal.gqa import grouped_decode_attention, row_split_linear
 
 cpu = torch.device("cpu")
-read_call, read_bytes = bandwidth_call(cpu, torch.float32)
+read_call, read_bytes = metrics.bandwidth_call(cpu, torch.float32)
 matmul_tflops = metrics.matmul_rate(cpu, torch.float32, 2048, min_run_time=0.3)["tflops"]
 
 
@@ -404,7 +403,7 @@ def copies_to_fill(nbytes):
 
 def gbps(call, nbytes):
     """Bytes read per second of `call`, with the read bandwidth measured in blocks beside it (both GB/s)."""
-    timing = metrics.time_callable(call, cpu, min_run_time=0.3, min_repeats=5, warmup_time=0.05, paired=read_call)
+    timing = metrics.time_callable(call, cpu, metrics.Timing(0.3, 5, 0.05), paired=read_call)
     return (nbytes / (timing["ms_median"] * 1e-3) / 1e9, read_bytes / (timing["paired_ms_median"] * 1e-3) / 1e9,
             timing["ms_median"])
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from attention import masks
-from attention.bench.metrics import time_callable
+from attention.bench.metrics import Timing, time_callable
 from attention.causal.flex import compiled_flex_attention
 from attention.display import show, show_markdown, show_table
 from attention.plotting import plot_mask, plot_masks
@@ -261,7 +261,7 @@ for T_long in (1024, 2048, 4096):
         block_mask = masks.block_mask(window_in_a_tensor(window_size), T_long, T_long, device="cpu")
         computed, total = computed_blocks(block_mask)
         timing = time_callable(partial(compiled_flex_attention, q, k, v, block_mask=block_mask), "cpu",
-                               min_run_time=0.3, min_repeats=5, warmup_time=0.05)
+                               Timing(0.3, 5, 0.05))
         timed[pattern, T_long] = (computed, total, timing)
 # The window of size T is the causal mask itself:
 assert torch.equal(masks.dense_mask(window_in_a_tensor(512), 512, 512), masks.dense_mask(masks.causal, 512, 512))
@@ -348,13 +348,13 @@ show_markdown(
 # %% [markdown]
 # A `BlockMask` keeps two kinds of computed blocks: full ones, where every pair attends and the
 # predicate is never called, and partial ones, where it is evaluated for every pair. Counted for
-# each pattern at `T = 4096` (no timing, the recorded patterns rebuilt from `attention.bench.long`):
+# each pattern at `T = 4096` (no timing, the recorded patterns rebuilt from `attention.bench.sweeps.block_sparse`):
 
 # %%
-from attention.bench.long import SPARSE_PATTERNS
+from attention.bench.sweeps.block_sparse import PATTERNS
 
 kinds = {}
-for pattern, (_, build) in SPARSE_PATTERNS.items():
+for pattern, (_, build) in PATTERNS.items():
     block_mask = masks.block_mask(build(4096, "cpu"), 4096, 4096, device="cpu")
     partial = block_mask.kv_num_blocks.sum().item()  # blocks where mask_mod runs per pair
     full = block_mask.full_kv_num_blocks.sum().item() if block_mask.full_kv_num_blocks is not None else 0

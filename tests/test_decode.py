@@ -1,34 +1,27 @@
-"""The decode kernel and the decode profile of the benchmark (`attention/bench/decode.py`).
+"""The decode kernel and the decode sweep of the benchmark (`attention/bench/sweeps/decode.py`).
 
-The profile runs here at toy sizes (8 heads of 16, contexts of 64 and 128): every row must be
-checked correct against its float64 reference and pass the validator, which recomputes the derived
-numbers; tampering with one must be caught.
+The sweep runs here at toy sizes (8 heads of 16, contexts of 64 and 128): every row must be checked correct
+against its float64 reference and pass the validator, which recomputes the derived numbers; tampering with
+one must be caught. A model added in a test (a contract-only cache) shows how a family adds its layers.
 """
 
 import copy
-import math
 
 import pytest
 import torch
+from bench_tables import BEFORE, TINY_DECODE, structure
 from helpers import tolerance
 from matplotlib.figure import Figure
 
-from attention.bench import render
+from attention.bench import core, profiles, render
 from attention.bench.__main__ import main
-from attention.bench.decode import DECODE_ROW_FIELDS, DecodeConfig, cache_bytes_per_token, kv_heads_of, run_decode
-from attention.causal.gqa import GroupedQueryAttention, grouped_decode_attention
+from attention.bench.sweeps import decode
+from attention.causal.gqa import DECODE_KERNELS, GroupedQueryAttention, grouped_decode_attention
+from attention.reference import reference_kernel
 
 
-def dense_reference(q, k, v, mask):
-    """float64 attention with K/V heads repeated per group; rows with no key give zeros."""
-    group = q.shape[1] // k.shape[1]
-    q, k, v = (t.double() for t in (q, k, v))
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, S, D)
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, T, S)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-    return weights @ v
+def run_decode(**config):
+    return core.run(profiles.plan("decode", TINY_DECODE | config), "cpu", progress=False)
 
 
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(8, 8), (8, 2), (8, 1), (6, 3)])
@@ -42,7 +35,7 @@ def test_grouped_decode_attention_matches_the_reference(num_heads, num_kv_heads,
     for m in (None, mask):
         out = grouped_decode_attention(q, k, v, m)
         assert out.shape == (B, num_heads, queries, D)
-        torch.testing.assert_close(out.double(), dense_reference(q, k, v, m), **tolerance("cpu", torch.float32))
+        torch.testing.assert_close(out.double(), reference_kernel(q, k, v, m)[0], **tolerance("cpu", torch.float32))
 
 
 def test_grouped_decode_attention_gives_zeros_for_a_query_with_no_key():
@@ -50,9 +43,8 @@ def test_grouped_decode_attention_gives_zeros_for_a_query_with_no_key():
     mask = torch.ones(2, 6, dtype=torch.bool)
     mask[1] = False
     out = grouped_decode_attention(q, k, v, mask)
-    assert torch.isfinite(out).all()
-    assert (out[:, :, 1] == 0).all()
-    torch.testing.assert_close(out.double(), dense_reference(q, k, v, mask), **tolerance("cpu", torch.float32))
+    assert torch.isfinite(out).all() and (out[:, :, 1] == 0).all()
+    torch.testing.assert_close(out.double(), reference_kernel(q, k, v, mask)[0], **tolerance("cpu", torch.float32))
 
 
 @pytest.mark.parametrize("decode_kernel", ["sdpa", "matmul", "auto"])
@@ -79,104 +71,147 @@ def test_the_auto_kernel_runs_the_grouped_matmuls_on_cpu(monkeypatch):
     monkeypatch.setattr(gqa, "grouped_decode_attention", lambda *args: calls.append(1) or original(*args))
     module = GroupedQueryAttention(32, 32, 64, 0.0, 8, num_kv_heads=2).eval()
     with torch.no_grad():
-        cache = module.new_cache(1, 8)
-        module(torch.randn(1, 3, 32), cache=cache)
+        module(torch.randn(1, 3, 32), cache=module.new_cache(1, 8))
         assert calls == [1]
         module(torch.randn(1, 3, 32))  # no cache: SDPA
-        assert calls == [1]
         module(torch.randn(1, gqa.AUTO_MATMUL_MAX_TOKENS + 1, 32), cache=module.new_cache(1, 64))  # a prefill: SDPA
         assert calls == [1]
         module(torch.randn(1, gqa.AUTO_MATMUL_MAX_TOKENS, 32), cache=module.new_cache(1, 64))
         assert calls == [1, 1]
 
 
-TOY = dict(device="cpu", num_heads=8, head_dim=16, contexts=(64, 128), batches=(1, 2), min_run_time=0.02,
-           min_repeats=2, warmup_time=0.0, bandwidth_bytes=2**22)
+def test_a_cache_is_any_object_keeping_the_contract():
+    """`check_cache` asks for the `DecodingCache` contract (length, nbytes, update, rewind), not a class name."""
+    module = GroupedQueryAttention(32, 32, 64, 0.0, 8, num_kv_heads=2).eval()
+    with torch.no_grad(), pytest.raises(TypeError, match="cache must come from new_cache.*rewind"):
+        module(torch.randn(1, 1, 32), cache=object())
+    with torch.no_grad():
+        module(torch.randn(1, 1, 32), cache=ContractOnly(module.new_cache(1, 8)))
 
 
 @pytest.fixture(scope="module")
 def decode_result():
-    return run_decode(DecodeConfig(**TOY), progress=False)
+    return run_decode()
 
 
-def test_decode_profile_rows_are_complete_correct_and_valid(decode_result):
+def test_decode_rows_are_complete_correct_and_valid(decode_result):
     rows = decode_result["decode"]["rows"]
-    assert len(rows) == 3 * 2 * 2 * 2  # models x batches x kernels x contexts
+    assert len(rows) == 3 * 2 * 2 * 2  # models x kernels x batches x contexts
     assert {row["model"]: row["num_kv_heads"] for row in rows} == {"MHA": 8, "GQA": 1, "MQA": 1}
-    assert all(set(row) == set(DECODE_ROW_FIELDS) for row in rows)
+    assert all(list(row) == list(decode.Row.__annotations__) for row in rows)
     assert all(row["status"] == "ok" and row["correct"] is True for row in rows), [r["reason"] for r in rows]
-    assert decode_result["complete"] is True
-    assert render.validate_result(decode_result) == []
-    sdpa = [row for row in rows if row["kernel"] == "sdpa"]
-    assert all(row["sdpa_backends"] not in (None, ["n/a"]) for row in sdpa)  # SDPA ran, and the profiler saw it
+    assert decode_result["complete"] is True and render.validate_result(decode_result) == []
+    assert set(decode_result) == {"schema_version", "complete", "profile", "device_type", "dtype", "provenance",
+                                  "decode"}  # no placeholder config, rows or rankings of another sweep
+    assert all(row["sdpa_backends"] not in (None, ["n/a"]) for row in rows if row["kernel"] == "sdpa")
     assert all(row["sdpa_backends"] == ["n/a"] for row in rows if row["kernel"] == "matmul")
+    assert decode.KERNELS == tuple(kernel for kernel in DECODE_KERNELS if kernel != "auto")
 
 
-def test_decode_bytes_follow_from_the_shapes(decode_result):
+def test_decode_bytes_and_flops_follow_from_the_shapes(decode_result):
     for row in decode_result["decode"]["rows"]:
         assert row["cache_bytes_per_token"] == 2 * row["num_kv_heads"] * row["head_dim"] * 4  # keys and values, fp32
-        d_model = row["num_heads"] * row["head_dim"]
-        kv = row["num_kv_heads"] * row["head_dim"]
+        d_model, kv = row["num_heads"] * row["head_dim"], row["num_kv_heads"] * row["head_dim"]
         parameters = d_model * d_model * 2 + d_model + 2 * kv * d_model  # query, out (+ bias), key, value
-        assert row["weight_bytes"] == parameters * 4
+        assert row["weight_bytes"] == parameters * 4 and row["positions_read"] == row["context"] + 1
         assert row["cache_bytes_read"] == row["batch"] * (row["context"] + 1) * row["cache_bytes_per_token"]
-        core = 4 * row["batch"] * row["num_heads"] * (row["context"] + 1) * row["head_dim"]
-        assert row["flops"] == 2 * row["batch"] * parameters + core
-    assert cache_bytes_per_token(8, 128, torch.bfloat16) == 2 * 8 * 128 * 2
+        assert row["flops"] == 2 * row["batch"] * parameters + 4 * row["batch"] * 8 * (row["context"] + 1) * 16
+
+
+def test_the_decode_profile_makes_the_tables_it_made_before(decode_result):
+    before = BEFORE["decode"]
+    assert structure(render.decode_table(decode_result, 1)) == before["decode_table_1"]
+    assert structure(render.decode_table(decode_result, 2)) == before["decode_table_2"]
+    assert structure(render.decode_summary_table(decode_result)) == before["decode_summary_table"]
 
 
 @pytest.mark.parametrize("field", ["tokens_per_s", "gbps", "share_of_paired_bandwidth", "bytes_read", "tflops",
-                                   "share_of_matmul"])
+                                   "share_of_matmul_peak", "flops", "cache_bytes_read"])
 def test_the_validator_recomputes_each_derived_number(decode_result, field):
     tampered = copy.deepcopy(decode_result)
-    tampered["decode"]["rows"][3][field] *= 1.5
-    problems = render.validate_result(tampered)
-    assert any(field in problem for problem in problems), problems
-
-
-def test_the_validator_refuses_a_decode_run_that_did_not_finish(decode_result):
-    unfinished = copy.deepcopy(decode_result)
-    unfinished["complete"] = False
-    assert any("complete" in problem for problem in render.validate_result(unfinished))
+    tampered["decode"]["rows"][3][field] = int(tampered["decode"]["rows"][3][field] * 1.5)
+    assert any(f"decode.rows[3]" in p and field in p for p in render.validate_result(tampered))
 
 
 def test_decode_tables_and_figures_show_every_measurement(decode_result):
-    table = render.decode_table(decode_result, 2)
-    assert table.count("tok/s") == 3 * 2 * 2
+    assert render.decode_table(decode_result, 2).count("tok/s") == 3 * 2 * 2
     summary = render.decode_summary_table(decode_result)
     assert summary.count("tok/s") == 2 * 3 * 2 and "KiB" in summary
     for metric in ("tokens_per_s", "share_of_paired_bandwidth"):
         fig = render.plot_decode(decode_result, metric)
-        assert isinstance(fig, Figure)
-        assert sum(len(ax.lines) for ax in fig.axes) == 2 * 3 * 2  # batches x models x kernels
-    assert "Read bandwidth" in render.provenance_summary(decode_result)
+        assert isinstance(fig, Figure) and sum(len(ax.lines) for ax in fig.axes) == 2 * 3 * 2
+    assert "Read bandwidth" in decode.tables(decode_result)
 
 
 def test_a_cache_past_the_memory_budget_is_skipped_with_the_reason():
-    result = run_decode(DecodeConfig(**TOY | dict(memory_budget_bytes=10_000, models=("MQA",), batches=(2,))),
-                        progress=False)
-    rows = result["decode"]["rows"]
-    assert rows and all(row["status"] == "skipped" and "memory budget" in row["reason"] for row in rows)
+    rows = run_decode(memory_budget_bytes=10_000, models=("MQA",), batches=(2,))["decode"]["rows"]
+    assert rows and all(row["status"] == "skipped" and "exceeds the memory budget" in row["reason"] for row in rows)
 
 
 def test_decode_config_names_bad_values():
-    with pytest.raises(ValueError, match="models must be a non-empty subset"):
-        DecodeConfig(device="cpu", models=("GQA", "MLA")).resolve()
-    with pytest.raises(ValueError, match="kernels must be"):
-        DecodeConfig(device="cpu", kernels=("flash",)).resolve()
-    with pytest.raises(ValueError, match="contexts must be positive ints"):
-        DecodeConfig(device="cpu", contexts=(0,)).resolve()
-    with pytest.raises(ValueError, match="num_heads must be divisible by 8 for GQA"):
-        DecodeConfig(device="cpu", num_heads=12).resolve()
-    assert [kv_heads_of(model, 32) for model in ("MHA", "GQA", "MQA")] == [32, 4, 1]
+    resolve = lambda **fields: decode.Config(**fields).resolve("cpu")  # noqa: E731
+    with pytest.raises(ValueError, match=r"models\[1\]: 'MLA' is not one of MHA, GQA, MQA"):
+        resolve(models=("GQA", "MLA"))
+    with pytest.raises(ValueError, match="kernels: 'flash' is run by none of the models"):
+        resolve(kernels=("flash",))
+    with pytest.raises(ValueError, match=r"contexts\[0\]: 0 is outside"):
+        resolve(contexts=(0,))
+    with pytest.raises(ValueError, match="num_heads must be divisible by 8 for 8:1 GQA"):
+        resolve(num_heads=12)
 
 
 def test_the_command_line_runs_the_decode_profile(tmp_path, capsys):
-    out = tmp_path / "decode.json"
+    out = tmp_path / "cpu-decode.json"
     assert main(["--profile", "decode", "--device", "cpu", "--heads", "8", "--seq-lens", "64", "--batch", "1",
                  "--min-run-time", "0.02", "--repeats", "2", "--quiet", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "tok/s" in printed and "Read bandwidth" in printed
-    checked = render.check_file(out)
-    assert checked["problems"] == []
-    assert main(["--validate", str(out)]) == 0
+    assert render.check_file(out)["problems"] == [] and main(["--validate", str(out)]) == 0
+
+
+class ContractOnly:
+    """A KV cache seen only through the `DecodingCache` contract: anything else it is asked for fails, so a sweep
+    that wrote `cache.length` or read `cache.keys` would fail here."""
+
+    def __init__(self, cache):
+        object.__setattr__(self, "_cache", cache)
+
+    length = property(lambda self: self._cache.length)
+    nbytes = property(lambda self: self._cache.nbytes)
+
+    def update(self, *new):
+        return self._cache.update(*new)
+
+    def rewind(self, length):
+        self._cache.rewind(length)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"the benchmark set cache.{name}")
+
+
+def test_a_model_is_one_record_and_the_sweep_uses_only_the_cache_contract(monkeypatch):
+    """A toy model family: one `Model` record in `MODELS` gives it rows beside MHA/GQA/MQA, checked against its
+    own float64 reference, through a cache that keeps only the contract."""
+    grouped = decode.grouped(2)
+    checks = []
+
+    def build(config, kernel):
+        module, hidden = grouped.build(config, kernel)
+        module.new_cache = lambda batch, capacity, make=module.new_cache: ContractOnly(make(batch, capacity))
+        return module, hidden
+
+    def reference(module, x0, cached, context):
+        checks.append(context)
+        return grouped.reference(module, x0, cached, context)
+
+    monkeypatch.setitem(decode.MODELS, "toy", decode.Model(("matmul",), build, grouped.entries, reference,
+                                                           positions_read=lambda module, context: context + 1))
+    result = run_decode(models=("toy", "MQA"), batches=(1,), kernels=("matmul",))
+    rows = result["decode"]["rows"]
+    assert [(r["model"], r["context"]) for r in rows] == [("toy", 64), ("toy", 128), ("MQA", 64), ("MQA", 128)]
+    assert all(r["status"] == "ok" and r["correct"] is True for r in rows) and checks == [64, 128]
+    assert render.validate_result(result) == []
+    wrong = decode.Model(("matmul",), build, grouped.entries, lambda *args: grouped.reference(*args) + 1)
+    monkeypatch.setitem(decode.MODELS, "toy", wrong)
+    rows = run_decode(models=("toy",), batches=(1,), contexts=(64,), kernels=("matmul",))["decode"]["rows"]
+    assert rows[0]["correct"] is False and rows[0]["reason"] == "output differs from the float64 reference"

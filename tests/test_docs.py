@@ -373,7 +373,7 @@ def test_example_pages_hide_their_display_plumbing(built_site):
 def test_generated_lists_are_on_their_pages(built_site):
     """Lists generated from the code at build time: the registry, the class limits, the quick profile."""
     import attention
-    from attention.bench.harness import quick_config
+    from attention.bench import quick_config
 
     site = pathlib.Path(built_site)
     pages = {name: (site / name / "index.html").read_text(encoding="utf-8")

@@ -1,38 +1,40 @@
-"""The long-context profile (`--profile long`): the memory guard, the block-sparse rows, their checks and
-their rendering, at tiny sizes. No assertion depends on a measured time."""
+"""The long profile (`--profile long`): the sequence sweep to long lengths with the memory guard, then the
+block-sparse sweep: its rows, checks, tables and page, at tiny sizes. No assertion depends on a measured time."""
 
 import copy
-import math
 
 import pytest
 import torch
+from bench_tables import BEFORE, TINY, structure
 
-from attention.bench import render
+from attention.bench import core, profiles, render
 from attention.bench.__main__ import build_parser, config_from_args
-from attention.bench.harness import predicted_peak
-from attention.bench.long import LONG_IMPLEMENTATIONS, LONG_SEQ_LENS, SPARSE_PATTERNS, document_ids, long_config, run_long
+from attention.bench.sweeps import block_sparse
+from attention.bench.sweeps.sequence import predicted_peak
 from attention.masks import bigbird, dense_mask
 
-TINY = dict(device="cpu", seq_lens=(128, 256), d_model=32, num_heads=2, min_run_time=0.01, min_repeats=2,
-            warmup_time=0.0, matmul_size=64)
+
+def long_plan(**options):
+    return profiles.plan("long", TINY | dict(seq_lens=(128, 256), patterns=("causal", "document")) | options)
 
 
 @pytest.fixture(scope="module")
 def long_result():
-    return run_long(long_config(**TINY), progress=False, patterns=("causal", "document"))
+    return core.run(long_plan(), "cpu", progress=False)
 
 
 def test_long_profile_settings():
-    config = config_from_args(build_parser().parse_args(["--profile", "long", "--device", "cpu"])).resolve()
-    assert config.profile == "long" and config.seq_lens == LONG_SEQ_LENS == tuple(2**i for i in range(7, 15))
-    assert config.implementations == LONG_IMPLEMENTATIONS and config.sweep_batch == config.batch == 1
-    assert config.shapes() == [(1, t) for t in LONG_SEQ_LENS]
-    assert config.memory_budget_bytes > 0  # 3/4 of MemAvailable on Linux
+    plan = config_from_args(build_parser().parse_args(["--profile", "long", "--device", "cpu", "--heads", "4"]))
+    (sequence, config), (sparse, sparse_config) = plan.sweeps
+    config = config.resolve(torch.device("cpu"))
+    assert config.profile == "long" and config.seq_lens == profiles.LONG_SEQ_LENS == tuple(2**i for i in range(7, 15))
+    assert config.implementations == ("split_heads", "tiled", "sdpa_causal") and config.sweep_batch == config.batch == 1
+    assert config.shapes() == [(1, t) for t in profiles.LONG_SEQ_LENS] and config.memory_budget_bytes > 0
+    assert sparse_config.seq_lens == profiles.LONG_SEQ_LENS and sparse_config.num_heads == config.num_heads == 4
 
 
 def test_long_run_checks_every_row_and_counts_blocks(long_result):
     assert long_result["complete"] and render.validate_result(long_result) == []
-    assert {r["implementation"] for r in long_result["rows"]} == set(LONG_IMPLEMENTATIONS)
     assert all(r["status"] == "ok" and r["correct"] is True for r in long_result["rows"])
     sparse = render.block_sparse_rows(long_result)
     assert len(sparse) == 2 * 2 * 2  # patterns x lengths x kernels
@@ -44,26 +46,37 @@ def test_long_run_checks_every_row_and_counts_blocks(long_result):
     assert by["causal", "flex_block_mask", 256]["mask_density"] == (256 * 257 / 2) / 256**2
     assert by["causal", "sdpa_dense_mask", 256]["mask_bytes"] == 256 * 256  # one bool per pair
     for row in sparse:
-        assert row["flops_useful"] == 4 * 1 * 2 * 16 * round(row["mask_density"] * row["seq_len"] ** 2)
-        assert math.isclose(row["tflops_useful"], row["flops_useful"] / row["ms_median"] / 1e9)
+        assert row["flops"] == 4 * 1 * 2 * 16 * round(row["mask_density"] * row["seq_len"] ** 2)
+        assert row["tflops"] == pytest.approx(row["flops"] / row["ms_median"] / 1e9)
+    # The load average after the run is taken after both sweeps, once.
+    assert long_result["provenance"]["load_average_end"] is not None and long_result["block_sparse"]["rows"]
+
+
+def test_the_long_profile_makes_the_tables_it_made_before(long_result):
+    before = BEFORE["long"]
+    assert structure(render.markdown_tables(long_result, include_sweep=True)) == before["markdown_tables_sweep"]
+    assert structure(render.memory_slope_table(long_result, shortest=128)) == before["memory_slope_table"]
+    assert structure(render.crossover_table(long_result)) == before["crossover_table"]
+    assert structure(render.block_sparse_table(long_result)) == before["block_sparse_table"]
 
 
 def test_block_sparse_rows_are_checked_against_the_reference(monkeypatch):
     """A kernel that ignores the mask must come out incorrect."""
-    import attention.bench.long as long
-
-    real = long.F.scaled_dot_product_attention
-    monkeypatch.setattr(long.F, "scaled_dot_product_attention",
-                        lambda q, k, v, attn_mask=None: real(q, k, v))  # the mask dropped
-    rows = long.sparse_rows(long_config(**TINY).resolve(), "causal", 128, torch.device("cpu"), torch.float32,
-                            (lambda: None, 1))
+    real = block_sparse.F.scaled_dot_product_attention
+    monkeypatch.setattr(block_sparse.F, "scaled_dot_product_attention", lambda q, k, v, attn_mask=None: real(q, k, v))
+    config = block_sparse.Config(**{key: TINY[key] for key in ("d_model", "num_heads", "min_run_time", "min_repeats",
+                                                                "warmup_time", "matmul_size")}).resolve("cpu")
+    envelope = core.Envelope("block_sparse", "cpu")
+    envelope.result["dtype"] = "float32"
+    rows = list(block_sparse.pattern_rows(config, "causal", 128, envelope, core.matmul_yardstick("cpu", torch.float32, 64)))
     assert {r["kernel"]: r["correct"] for r in rows} == {"flex_block_mask": True, "sdpa_dense_mask": False}
+    assert rows[1]["reason"] == "output differs from the float64 reference"
 
 
 def test_memory_guard_skips_rows_predicted_past_the_budget():
     assert predicted_peak(None, 1, 256) is None
     assert predicted_peak((2, 128, 1000), 1, 256) == 2000  # half the batch, four times the scores
-    result = run_long(long_config(**TINY, memory_budget_bytes=1), progress=False, patterns=())
+    result = core.run(long_plan(memory_budget_bytes=1, patterns=()), "cpu", progress=False)
     first, second = ([r for r in result["rows"] if r["seq_len"] == t] for t in (128, 256))
     assert all(r["status"] == "ok" for r in first)  # nothing to predict from: measured
     assert all(r["status"] == "skipped" and "exceeds the memory budget" in r["reason"] and r["ms_median"] is None
@@ -73,23 +86,26 @@ def test_memory_guard_skips_rows_predicted_past_the_budget():
 
 def test_validator_catches_inconsistent_block_sparse_rows(long_result):
     broken = copy.deepcopy(long_result)
-    row = broken["block_sparse"]["rows"][0]
-    row["tflops_useful"] *= 2
-    broken["block_sparse"]["rows"][1]["block_share"] = 0.0
-    del broken["block_sparse"]["rows"][2]["mask_bytes"]
+    rows = broken["block_sparse"]["rows"]
+    rows[0]["tflops"] *= 2
+    rows[1]["block_share"] = 0.0
+    del rows[2]["mask_bytes"]
+    rows[3]["flops"] *= 2
     problems = render.validate_result(broken)
-    assert len(problems) == 3
-    assert "tflops_useful" in problems[0] and "block_share" in problems[1] and "mask_bytes" in problems[2]
+    assert "block_sparse.rows[2].mask_bytes: missing" in problems  # the rules first
+    del rows[2]
+    problems = render.validate_result(broken)
+    assert {p.split(" (")[0] for p in problems} == {"block_sparse.rows[0]", "block_sparse.rows[1]", "block_sparse.rows[2]"}
+    assert any(p.startswith("block_sparse.rows[0]") and ": tflops" in p for p in problems)
+    assert any(p.startswith("block_sparse.rows[1]") and "mask_density <= block_share" in p for p in problems)
+    assert any(p.startswith("block_sparse.rows[2]") and ": flops" in p for p in problems)
 
 
 def _synthetic(times):
     """A long result whose block-sparse rows have the given `{T: (flex ms, dense ms)}` for one pattern."""
-    rows = []
-    for t, (flex, dense) in times.items():
-        for kernel, ms in (("flex_block_mask", flex), ("sdpa_dense_mask", dense)):
-            rows.append(dict(pattern="p", kernel=kernel, seq_len=t, status="ok", correct=True, ms_median=ms,
-                             block_share=0.5 if kernel == "flex_block_mask" else 1.0, mask_density=0.4,
-                             peak_memory_bytes=2**20, mask_bytes=t * t, reason=None))
+    rows = [dict(pattern="p", kernel=kernel, seq_len=t, status="ok", correct=True, ms_median=ms, reason=None,
+                 block_share=0.5 if kernel == "flex_block_mask" else 1.0, mask_density=0.4, peak_memory_bytes=2**20,
+                 mask_bytes=t * t) for t, pair in times.items() for kernel, ms in zip(block_sparse.KERNELS, pair)]
     return {"block_sparse": {"patterns": {"p": "a pattern"}, "rows": rows}}
 
 
@@ -116,8 +132,17 @@ def test_long_renderers_fill_tables_and_figure(long_result):
     table = render.block_sparse_table(long_result)
     assert table.count("| 256 |") == 2 and "incorrect" not in table and "—" not in table
     figure = render.plot_block_sparse(long_result)
-    assert len([ax for ax in figure.axes if ax.get_visible()]) == 2
-    assert all(len(ax.get_lines()) >= 2 for ax in figure.axes if ax.get_visible())
+    visible = [ax for ax in figure.axes if ax.get_visible()]
+    assert len(visible) == 2 and all(len(ax.get_lines()) >= 2 for ax in visible)
+
+
+def test_memory_guides_start_at_the_data(long_result):
+    """The O(T) and O(T²) guides start at the measured values of the shortest length, not decades below them."""
+    ax = render.plot_memory_vs_seq_len(long_result, "forward").axes[0]
+    guides = [line for line in ax.get_lines() if line.get_label() in ("O(T)", "O(T²)")]
+    data = [line.get_ydata()[0] for line in ax.get_lines() if line.get_label().endswith(")") and line not in guides
+            and line.get_xdata().size]
+    assert len(guides) == 2 and all(min(data) <= guide.get_ydata()[0] <= max(data) for guide in guides)
 
 
 def test_bigbird_random_blocks_fill_whole_tiles():
@@ -132,45 +157,32 @@ def test_bigbird_random_blocks_fill_whole_tiles():
 
 
 def test_document_ids_are_packed_documents():
-    ids = document_ids(5000, seed=1)
+    ids = block_sparse.document_ids(5000, seed=1)
     lengths = torch.unique_consecutive(ids, return_counts=True)[1]
     assert ids.shape == (5000,) and (ids.diff() >= 0).all()
     assert ((lengths >= 256) & (lengths <= 2048))[:-1].all()  # the last one is cut at seq_len
 
 
 def test_every_pattern_builds_at_every_length_of_the_profile():
-    for name, (description, build) in SPARSE_PATTERNS.items():
+    for name, (description, build) in block_sparse.PATTERNS.items():
         for t in (128, 300):
             assert dense_mask(build(t, "cpu"), t, t).any(-1).all(), (name, t)  # every query attends somewhere
 
 
 def test_benchmarks_page_shows_long_runs_in_their_own_section(long_result, tmp_path, monkeypatch):
     pytest.importorskip("mkdocs")
-    import json
-    from pathlib import Path
+    from test_bench import ROOT, bench_page_hook
 
-    from mkdocs.config import load_config
-
-    root = Path(__file__).resolve().parents[1]
-    config = load_config(str(root / "mkdocs.yml"))
-    hook = config.hooks["docs/_hooks/benchmarks.py"]
-    (tmp_path / "docs" / "results" / "long").mkdir(parents=True)
-    (tmp_path / "docs" / "results" / "long" / "cpu-long-test.json").write_text(json.dumps(long_result))
-    config.config_file_path = str(tmp_path / "mkdocs.yml")
-    monkeypatch.delenv(hook.ENV_VAR, raising=False)
-    monkeypatch.setitem(hook.state, "command", "serve")
-    hook.on_pre_build(config)
-    assert hook.state["recorded"] == [] and [path.name for path, _ in hook.state["long"]] == ["cpu-long-test.json"]
-    monkeypatch.setitem(hook.state, "charts", {"long-cpu-long-test": hook.long_chart_set("long-cpu-long-test",
-                                                                                          long_result)})
-    section = hook.long_section()
+    hook = bench_page_hook(tmp_path, monkeypatch, {"long/cpu-long-test.json": long_result})
+    assert hook.state["recorded"] == [] and [p.name for p, _ in hook.state["runs"]["long"]] == ["cpu-long-test.json"]
+    section = hook.runs_section("long")
     assert "**`docs/results/long/cpu-long-test.json`**" in section
     assert "| pattern | Flex faster from |" in section and "| causal |" in section and "| document |" in section
-    assert "fitted slope" in section and section.count("![") == 3  # memory forward, forward + backward, block sparse
+    assert section.count("![") == 6  # bars, time and memory per mode, block sparsity
     assert "| 256 | 50% | 75% |" in section  # causal at T=256: 50% of the pairs (rounded), 3 of 4 blocks
     page = type("Page", (), {"file": type("File", (), {"src_uri": "benchmarks.md"})()})()
-    markdown = hook.on_page_markdown((root / "docs" / "benchmarks.md").read_text(), page, config, None)
-    assert "<!-- long-context -->" not in markdown and "**`docs/results/long/cpu-long-test.json`**" in markdown
+    markdown = hook.on_page_markdown((ROOT / "docs" / "benchmarks.md").read_text(), page, None, None)
+    assert "<!-- runs: long -->" not in markdown and "**`docs/results/long/cpu-long-test.json`**" in markdown
 
 
 def test_validator_refuses_a_run_that_did_not_finish(long_result):

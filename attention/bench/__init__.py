@@ -1,22 +1,42 @@
-"""A benchmark harness whose numbers can be trusted: checked, timed, measured and traced.
+"""A benchmark whose numbers can be trusted: checked, timed, measured and traced.
 
-`python -m attention.bench` (see `attention/bench/__main__.py`) runs every registered implementation
-on the same input and weights, compares each output with the float64 reference before timing it,
-and writes a JSON result that records the machine, the software versions, the git commit, the
-command line and a hash of the sources that ran. `attention.bench.render` turns a result into
-Markdown tables and matplotlib charts. The file format is described in docs/benchmark-schema.md.
-
-Modules:
-    harness: `BenchConfig`, `quick_config`, `run_benchmark`, `write_result`.
-    long: the long-context profile (`--profile long`): memory against T to 16k, block-sparse masks.
-    schema: `Row`, the type of each result row, and `SCHEMA_VERSION`.
-    metrics: FLOP count, tolerances, timing, matmul rate, peak memory, SDPA backend detection.
-    provenance: `collect_provenance`, `source_hash`.
-    render: tables, charts, provenance summary, `is_stale`.
+`python -m attention.bench` (`attention/bench/__main__.py`) runs a profile (`profiles.py`): one or more
+sweeps (`SWEEPS`, one file each under `sweeps/`, keeping the contract `sweeps.Sweep`) through one
+measuring core (`core.py`: the envelope, `measure`, the failure path), and writes one JSON results file
+(`results.py`: its schema, validator and migration) that records the machine, the versions, the commit,
+the command line and a hash of the sources that ran. `render` gathers what the pages read.
+docs/benchmark-schema.md describes the file.
 """
 
-from attention.bench.harness import BenchConfig, quick_config, run_benchmark, write_result
-from attention.bench.provenance import source_hash
-from attention.bench.schema import SCHEMA_VERSION
+import importlib
 
-__all__ = ["SCHEMA_VERSION", "BenchConfig", "quick_config", "run_benchmark", "source_hash", "write_result"]
+from attention.bench.profiles import quick_config
+from attention.bench.provenance import source_hash
+from attention.bench.results import SCHEMA_VERSION
+
+# name -> sweep module (`sweeps.Sweep`): a new sweep is a file under sweeps/ and its name here.
+SWEEPS = {name: importlib.import_module(f"attention.bench.sweeps.{name}") for name in (
+    "sequence",
+    "block_sparse",
+    "decode",
+)}
+
+
+def run_benchmark(config=None, implementations=None, progress=True, argv=None, checkpoint=None):
+    """Run the sequence sweep alone and return the result dict (docs/benchmark-schema.md).
+
+    `config`: a `sweeps.sequence.Config` (default: the default profile's); `implementations`: `{name: class}`
+    to draw from (default the registry); `argv`: the command line to record (default `sys.argv`);
+    `checkpoint`: a path rewritten after every row.
+    """
+    from attention.bench.core import Envelope
+
+    config = config or SWEEPS["sequence"].Config()
+    envelope = Envelope(config.profile, config.device, config.dtype, argv, checkpoint)
+    envelope.progress = progress
+    with envelope:
+        SWEEPS["sequence"].run(config, envelope, implementations)
+    return envelope.result
+
+
+__all__ = ["SCHEMA_VERSION", "SWEEPS", "quick_config", "run_benchmark", "source_hash"]

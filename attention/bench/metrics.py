@@ -1,15 +1,13 @@
-"""Measurements: time, FLOPs, the same run's matmul rate, peak memory and the SDPA backend that ran.
-
-Every function here measures one thing about one callable and knows nothing about attention
-implementations; `attention.bench.harness` strings them together. docs/benchmark-schema.md states
-the conventions (FLOPs, timing, correctness, memory) once.
-"""
+"""Measurements: time, FLOPs, the yardsticks (a matmul's rate, a large read's bandwidth), peak memory and the
+SDPA backend that ran. Each measures one thing about one callable; `core.measure` strings them together, and
+docs/benchmark-schema.md states the conventions (FLOPs, timing, correctness, memory)."""
 
 import gc
 import math
 import os
 import re
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -17,17 +15,23 @@ import torch
 # convention (the recomputation of P is not counted); the projections compute input and weight gradients.
 BACKWARD_FACTOR_ATTENTION = 2.5
 BACKWARD_FACTOR_PROJECTIONS = 2.0
+# A CPU row whose process got less than this share of its threads' time was measured while other work
+# competed for the cores: its time overstates the implementation's cost.
+CONTENDED_BELOW = 0.8
 
 
-def attention_flops(batch, seq_len, d_in, d_out, num_heads, mode, num_kv_heads=None):
+def attention_flops(shape, mode):
     """`{"attention", "projections", "total"}`: useful FLOPs (ints) of one call of causal self-attention.
 
-    A multiply-add counts as 2. Projections: `2*B*T*d_in*(d_out + 2*d_kv) + 2*B*T*d_out*d_out`, with
-    `d_kv = num_kv_heads * D` the key and value width (`d_out` unless grouped-query); attention core:
-    `4*B*H*T^2*D` (Q K^T and P V, D = d_out / H), halved for the causal mask. Softmax, masking, bias
-    and reshapes are not counted, so the count is the same for every implementation of one model
-    whatever extra work it does. `mode` is "forward" or "forward_backward" (forward plus backward).
+    `shape` holds `batch`, `seq_len`, `d_in`, `d_out`, `num_heads` and `num_kv_heads` (None: `num_heads`), as a
+    row of the sequence sweep does. A multiply-add counts as 2. Projections: `2*B*T*d_in*(d_out + 2*d_kv) +
+    2*B*T*d_out*d_out`, with `d_kv = num_kv_heads * D` the key and value width; attention core:
+    `4*B*H*T^2*D` (Q K^T and P V, D = d_out / H), halved for the causal mask. Softmax, masking, bias and
+    reshapes are not counted, so the count is the same for every implementation of one model whatever
+    extra work it does. `mode` is "forward" or "forward_backward" (forward plus backward).
     """
+    batch, seq_len, d_in, d_out, num_heads = (shape[key] for key in ("batch", "seq_len", "d_in", "d_out", "num_heads"))
+    num_kv_heads = shape.get("num_kv_heads")
     d_kv = d_out if num_kv_heads is None else num_kv_heads * (d_out // num_heads)
     projections = 2 * batch * seq_len * d_in * (d_out + 2 * d_kv) + 2 * batch * seq_len * d_out * d_out
     core = 4 * batch * num_heads * seq_len * seq_len * (d_out // num_heads) // 2
@@ -81,13 +85,21 @@ def time_first_call(fn, device):
     return time.perf_counter() - start, result
 
 
-def time_callable(fn, device, min_run_time=1.0, min_repeats=5, warmup_time=0.25, warm_s=0.0, per_call_hint=None,
-                  paired=None):
+class Timing(NamedTuple):
+    """How long to time one measurement: seconds of measurement, blocks at least, seconds of warm-up. A
+    sweep's config carries the same three fields, and serves as well."""
+
+    min_run_time: float = 1.0
+    min_repeats: int = 5
+    warmup_time: float = 0.25
+
+
+def time_callable(fn, device, timing=Timing(), paired=None, warm=(0.0, None)):
     """Median and spread of the time of one call of `fn`, and optionally of a yardstick timed beside it.
 
-    Warm-up: calls `fn` until `warmup_time` seconds of calls have passed, counting `warm_s` seconds
-    of calls the caller already made, timing each call to estimate its cost. Measurement: blocks of
-    `calls_per_repeat` back-to-back calls, the device synchronized before and after each block, the
+    Warm-up: calls `fn` until `timing.warmup_time` seconds of calls have passed, counting the seconds of
+    calls the caller already made (`warm`), timing each call to estimate its cost. Measurement: blocks
+    of `calls_per_repeat` back-to-back calls, the device synchronized before and after each block, the
     block size chosen so a block lasts about `min_run_time / min_repeats` (at most 50 ms), until at
     least `min_repeats` blocks and `min_run_time` seconds are done. This is
     `torch.utils.benchmark.Timer.blocked_autorange`'s scheme, with a guaranteed number of blocks
@@ -98,19 +110,14 @@ def time_callable(fn, device, min_run_time=1.0, min_repeats=5, warmup_time=0.25,
     yardstick, fn, yardstick, fn, ..., yardstick. The two are then measured under the same machine
     conditions, so their ratio does not move when the machine's speed drifts during a long run.
 
-    Args:
-        fn, device: a callable without arguments, and the device to synchronize around each block.
-        min_run_time, min_repeats, warmup_time: seconds of measurement, blocks, seconds of warm-up.
-        warm_s: seconds of calls of `fn` already made just before (they count as warm-up).
-        per_call_hint: seconds of one call, measured by the caller; without it a warm-up call is timed.
-        paired: a callable without arguments timed in blocks interleaved with `fn`'s, or None.
-
-    Returns:
-        `ms_median`, `ms_q1`, `ms_q3`, `ms_iqr`, `ms_min`, `ms_max` (per call, over the blocks),
-        `repeats` (blocks), `calls_per_repeat` and `cpu_utilization` (CPU only, else None; `fn`'s
-        blocks only); with `paired`, also `paired_ms_median`, `paired_ms_iqr` (per call of `paired`,
-        over its blocks) and `paired_repeats`.
+    `timing` is a `Timing` (or a sweep's config); `warm` is `(seconds, per_call)`: seconds of calls of `fn`
+    just made (they count as warm-up) and one call's seconds as the caller measured it (None: timed here).
+    Returns `ms_median`, `ms_q1`, `ms_q3`, `ms_iqr`, `ms_min`, `ms_max` (per call, over the blocks),
+    `repeats`, `calls_per_repeat`, `cpu_utilization` (CPU only; `fn`'s blocks), and with `paired` its
+    `paired_ms_median`, `paired_ms_iqr` and `paired_repeats`.
     """
+    min_run_time, min_repeats, warmup_time = timing.min_run_time, timing.min_repeats, timing.warmup_time
+    warm_s, per_call_hint = warm
     clock = time.perf_counter
 
     def run_block(callable_, calls):
@@ -170,6 +177,36 @@ def matmul_call(device, dtype, size):
     return (lambda: torch.mm(a, b)), 2 * size**3
 
 
+def bandwidth_call(device, dtype, nbytes=2**29):
+    """`(call, bytes)`: a sum over one `nbytes` tensor (512 MiB: far past any cache level) in `dtype` on
+    `device`, and the bytes it reads. A read, like a decode step: a copy would also write."""
+    elements = nbytes // torch.empty((), dtype=dtype).element_size()
+    data = torch.rand(elements, generator=torch.Generator().manual_seed(0)).to(device=device, dtype=dtype)
+    return (lambda: data.sum()), data.nbytes
+
+
+def bandwidth_rate(device, dtype, nbytes=2**29, min_run_time=0.5):
+    """`{"read_gbps", "copy_gbps"}`: a large sum's read rate and a large copy's (read + write bytes), GB/s."""
+    read, read_bytes = bandwidth_call(device, dtype, nbytes)
+    source = torch.rand(nbytes // 4, generator=torch.Generator().manual_seed(1)).to(device)  # float32
+    target = torch.empty_like(source)
+    rates = {}
+    for name, call, moved in (("read_gbps", read, read_bytes), ("copy_gbps", lambda: target.copy_(source),
+                                                                2 * source.nbytes)):
+        timing = time_callable(call, device, Timing(min_run_time, 5, 0.1))
+        rates[name] = moved / (timing["ms_median"] * 1e-3) / 1e9
+    return rates
+
+
+def unique_graphs():
+    """TorchDynamo's count of graphs compiled so far in this process, or None where it cannot be read."""
+    try:
+        from torch._dynamo.utils import counters
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:  # noqa: BLE001 - an internal counter; without it compile detection is off, not the run
+        return None
+
+
 def matmul_rate(device, dtype, size, min_run_time=1.0, warmup_time=0.5):
     """`{"size", "ms_median", "ms_iqr", "tflops", "cpu_utilization"}` of one dense `(size, size) @ (size,
     size)` matmul in `dtype` on `device` (TensorFloat-32 for float32 only if the caller enabled it).
@@ -179,21 +216,15 @@ def matmul_rate(device, dtype, size, min_run_time=1.0, warmup_time=0.5):
     the same conditions.
     """
     call, flops = matmul_call(device, dtype, size)
-    timing = time_callable(call, device, min_run_time=min_run_time, min_repeats=10, warmup_time=warmup_time)
+    timing = time_callable(call, device, Timing(min_run_time, 10, warmup_time))
     return {"size": size, "ms_median": timing["ms_median"], "ms_iqr": timing["ms_iqr"],
             "tflops": flops / (timing["ms_median"] * 1e-3) / 1e12, "cpu_utilization": timing["cpu_utilization"]}
 
 
 def device_peak_memory(fn, device):
-    """Bytes of device memory the call `fn()` needed at its peak beyond what was in use before it.
-
-    CUDA: `max_memory_allocated()` after `reset_peak_memory_stats()`, minus `memory_allocated()`
-    before. MPS: growth of `driver_allocated_memory()` after `empty_cache()`, an upper bound (freed
-    blocks stay in the driver allocation). CPU tensor memory comes from `profile_call` instead.
-
-    Returns:
-        bytes, or None on other devices.
-    """
+    """Bytes of device memory `fn()` needed at its peak beyond what was in use before it; None on CPU (see
+    `profile_call`). CUDA: the allocator's peak after a reset, minus what was allocated before; MPS: growth of
+    the driver's allocation after `empty_cache()`, an upper bound (freed blocks stay in it)."""
     device = torch.device(device)
     gc.collect(0)  # the young generation only: a full collection costs ~0.2 s with torch loaded
     if device.type == "cuda":
@@ -228,25 +259,14 @@ def _allocation_peak(prof, device_type):
         return None
 
 
-# Dispatcher ops of F.scaled_dot_product_attention's backends (forward and backward).
-SDPA_OPS = {
-    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash (cpu)",
-    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": "flash (cpu)",
-    "aten::_scaled_dot_product_flash_attention": "flash",
-    "aten::_scaled_dot_product_flash_attention_backward": "flash",
-    "aten::_flash_attention_forward": "flash",
-    "aten::_flash_attention_backward": "flash",
-    "aten::_scaled_dot_product_efficient_attention": "efficient",
-    "aten::_scaled_dot_product_efficient_attention_backward": "efficient",
-    "aten::_efficient_attention_forward": "efficient",
-    "aten::_efficient_attention_backward": "efficient",
-    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
-    "aten::_scaled_dot_product_cudnn_attention_backward": "cudnn",
-    "aten::_scaled_dot_product_attention_math": "math",
-    "aten::_scaled_dot_product_attention_math_for_mps": "math (mps)",
-    "aten::_scaled_dot_product_fused_attention_overrideable": "fused (overrideable)",
-    "aten::_scaled_dot_product_fused_attention_overrideable_backward": "fused (overrideable)",
-}
+# Dispatcher ops of F.scaled_dot_product_attention's backends, forward and backward (`_backward`).
+SDPA_OPS = {f"aten::{op}{suffix}": label for op, label in (
+    ("_scaled_dot_product_flash_attention_for_cpu", "flash (cpu)"), ("_scaled_dot_product_flash_attention", "flash"),
+    ("_scaled_dot_product_efficient_attention", "efficient"), ("_scaled_dot_product_cudnn_attention", "cudnn"),
+    ("_scaled_dot_product_fused_attention_overrideable", "fused (overrideable)")) for suffix in ("", "_backward")} | {
+    "aten::_flash_attention_forward": "flash", "aten::_flash_attention_backward": "flash",
+    "aten::_efficient_attention_forward": "efficient", "aten::_efficient_attention_backward": "efficient",
+    "aten::_scaled_dot_product_attention_math": "math", "aten::_scaled_dot_product_attention_math_for_mps": "math (mps)"}
 
 # GPU kernel names, checked in this order (cuDNN's SDPA kernels also contain "flash").
 SDPA_KERNEL_PATTERNS = [
@@ -257,14 +277,9 @@ SDPA_KERNEL_PATTERNS = [
 
 
 def profile_call(fn, device):
-    """Profile one call of `fn`: which SDPA backends ran and, on CPU, the peak of live tensor bytes.
-
-    Reads the names of the dispatcher ops that ran (`SDPA_OPS`) and, on CUDA, the names of the GPU
-    kernels (`SDPA_KERNEL_PATTERNS`): only what appears in the trace is reported. On CPU the profiler
-    also records every allocation and free, whose running sum peaks at the call's tensor memory.
-    Returns `{"backends", "ops", "kernels", "cpu_tensor_peak_bytes"}`; backend labels are in order of
-    first appearance, `["n/a"]` where no SDPA op or kernel ran.
-    """
+    """Profile one call of `fn`: `{"backends", "ops", "kernels", "cpu_tensor_peak_bytes"}`, the SDPA backends that
+    appear in the trace (dispatcher ops, `SDPA_OPS`; on CUDA GPU kernels, `SDPA_KERNEL_PATTERNS`), in order of
+    first appearance (`["n/a"]`: none), and on CPU the peak of the running sum of allocations and frees."""
     from torch.profiler import ProfilerActivity, profile
 
     # Kineto, the profiler's C++ backend, prints "USDT: ... profiler_start" and "... profiler_stop" to stderr

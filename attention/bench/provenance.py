@@ -1,10 +1,7 @@
-"""Where a result came from: machine, software versions, code version and command line.
-
-`collect_provenance` records the device, the PyTorch/CUDA/cuDNN versions, the git commit (and whether
-the tree had uncommitted changes), the exact command line, and a sha256 of every `*.py` file of the
-`attention` package that can change a measurement (all but the `PRESENTATION_ONLY` modules).
-`source_hash` recomputes it for the code as it is now, so the docs can say when a recorded run
-predates the code that would measure it today (`render.is_stale`); a new chart does not.
+"""Where a result came from: `collect_provenance` records the device (and the CPU flags that change results),
+the PyTorch/CUDA/cuDNN versions, the git commit, the command line, and a sha256 of every `*.py` file of
+`attention` that can change a measurement (all but `PRESENTATION_ONLY`); `is_stale` and `changed_sources` say
+when a recorded run predates the code as it is now (a new chart does not make it stale).
 """
 
 import datetime
@@ -22,13 +19,12 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]  # .../attention
 REPO_DIR = PACKAGE_DIR.parent
 
 # Modules that only draw or format results and never run while measuring: left out of the hash.
-PRESENTATION_ONLY = ("bench/render.py", "display.py", "plotting.py")
+PRESENTATION_ONLY = ("bench/compare.py", "bench/format.py", "bench/render.py", "display.py", "plotting.py")
 
 
 def source_files(package_dir=PACKAGE_DIR):
-    """`{"attention/causal/flex.py": "<sha256 hex>", ...}`, sorted by path: each `*.py` file under
-    `package_dir` (default the installed `attention/`) that can change a measurement, that is all but
-    the `PRESENTATION_ONLY` modules, keyed by its path relative to the repository root."""
+    """`{"attention/causal/flex.py": "<sha256 hex>", ...}`, sorted: each `*.py` file under `package_dir` that can
+    change a measurement (all but `PRESENTATION_ONLY`), by its path relative to the repository root."""
     package_dir = Path(package_dir)
     root = package_dir.parent
     files = sorted(p for p in package_dir.rglob("*.py") if "__pycache__" not in p.parts
@@ -45,6 +41,17 @@ def source_hash(package_dir=PACKAGE_DIR):
     for path, file_hash in source_files(package_dir).items():
         digest.update(f"{path}\0{file_hash}\n".encode())
     return digest.hexdigest()
+
+
+def changed_sources(result):
+    """Package files added, removed or edited since the run of `result`: `["attention/causal/flex.py", ...]`."""
+    recorded, current = result["provenance"].get("source_files", {}), source_files()
+    return sorted(path for path in set(recorded) | set(current) if recorded.get(path) != current.get(path))
+
+
+def is_stale(result):
+    """True when the recorded `provenance.source_hash` differs from `source_hash()` of the code now."""
+    return result["provenance"].get("source_hash") != source_hash()
 
 
 def _output(*command, timeout=10):

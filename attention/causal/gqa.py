@@ -321,17 +321,22 @@ def resolve_kv_heads(num_heads, num_kv_heads):
 
 
 def check_cache(cache, module, x):
-    """Raise a clear error unless `cache` fits `module` and `x`, and gradients are off (a cache is for inference)."""
-    if not isinstance(cache, (KVCache, SlidingWindowKVCache)):
-        raise TypeError(f"cache must come from new_cache(), got {type(cache).__name__}")
-    B, H_kv, _, D = cache.keys.shape
-    if (H_kv, D) != (module.num_kv_heads, module.head_dim):
-        raise ValueError(f"cache holds {H_kv} K/V heads of size {D}, the module has num_kv_heads="
-                         f"{module.num_kv_heads}, head_dim={module.head_dim}")
-    if x.shape[0] != B:
-        raise ValueError(f"x has batch size {x.shape[0]}, the cache was made for batch_size={B}")
-    if cache.keys.dtype != x.dtype or cache.keys.device != x.device:
-        raise ValueError(f"cache is {cache.keys.dtype} on {cache.keys.device}, x is {x.dtype} on {x.device}")
+    """Raise a clear error unless `cache` keeps the KV-cache contract (`attention.causal.DecodingCache`: `length`,
+    `nbytes`, `update`, `rewind`), fits `module` and `x` where it shows its tensors, and gradients are off."""
+    missing = [name for name in ("length", "nbytes", "update", "rewind") if not hasattr(cache, name)]
+    if missing:
+        raise TypeError(f"cache must come from new_cache() or keep the KV-cache contract (length, nbytes, update, "
+                        f"rewind), got {type(cache).__name__} without {', '.join(missing)}")
+    keys = getattr(cache, "keys", None)  # this file's caches show their tensors; a cache of the contract alone need not
+    if isinstance(keys, torch.Tensor):
+        B, H_kv, _, D = keys.shape
+        if (H_kv, D) != (module.num_kv_heads, module.head_dim):
+            raise ValueError(f"cache holds {H_kv} K/V heads of size {D}, the module has num_kv_heads="
+                             f"{module.num_kv_heads}, head_dim={module.head_dim}")
+        if x.shape[0] != B:
+            raise ValueError(f"x has batch size {x.shape[0]}, the cache was made for batch_size={B}")
+        if keys.dtype != x.dtype or keys.device != x.device:
+            raise ValueError(f"cache is {keys.dtype} on {keys.device}, x is {x.dtype} on {x.device}")
     if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in module.parameters())):
         raise ValueError("a KV cache is for inference: call the module under torch.no_grad() or torch.inference_mode()")
 

@@ -1,0 +1,121 @@
+"""Words and numbers for the tables (number formats, the device's identity, Markdown blocks, the provenance
+note), so that a number or a device reads the same everywhere. Nothing here measures; strings from a results file
+arrive escaped (`results.escaped`)."""
+
+import math
+import re
+import textwrap
+
+from attention.bench.metrics import CONTENDED_BELOW
+from attention.bench.provenance import changed_sources, cpu_features_label, is_stale
+from attention.bench.results import section
+
+MODE_TITLES = {"forward": "forward", "forward_backward": "forward + backward"}
+
+
+def number(value, digits=3):
+    """`value` with `digits` significant digits and thousands separators; "—" for None."""
+    if value is None:
+        return "—"
+    if value == 0:
+        return "0"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    return f"{value:,.{decimals}f}"
+
+
+def mebibytes(value):
+    return "—" if value is None else f"{value / 2**20:,.1f}"
+
+
+def percent(share):
+    return "—" if share is None else f"{share * 100:.0f}%"
+
+
+def table(header, rows, align=None):
+    """A Markdown table; `align` has an "l" or "r" per column (default: the first left, the others right)."""
+    align = align or "l" + "r" * (len(header) - 1)
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "|".join("---" if a == "l" else "--:" for a in align) + "|"]
+                     + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows])
+
+
+def collapsed(title, body, kind="note"):
+    """A collapsed admonition (pymdownx.details) holding `body`."""
+    return f'??? {kind} "{title}"\n\n' + textwrap.indent(body, "    ")
+
+
+def short_cpu(name):
+    """A CPU model as people say it: "Intel(R) Xeon(R) Processor" -> "Xeon", "AMD EPYC 7R13 Processor" -> "EPYC 7R13"."""
+    name = re.sub(r"\((R|TM)\)|\b(Intel|AMD|Processor|CPU)\b|\b\d+-Core\b|@.*", " ", name)
+    return " ".join(name.split()) or name
+
+
+def device_label(device):
+    """The identity a reader matches a run to: for a CPU its model and what sets its matmul speed ("Xeon, AMX",
+    "EPYC, AVX2", "Xeon, flags unknown" for runs recorded before the flags were); for a GPU its name."""
+    if device["type"] != "cpu":
+        return device["name"]
+    return f"{short_cpu(device['cpu'])}, {cpu_features_label(device.get('cpu_flags'))}"
+
+
+def devices_line(results):
+    """One sentence counting the devices `results` (`[(name, result)]`) come from, by their identity."""
+    labels = sorted({f"{device_label(r['provenance']['device'])} ({r['device_type']}, "
+                     f"{r['provenance']['device']['cpu_count']} logical cores)" for _, r in results})
+    if not labels:
+        return "No results recorded yet."
+    count = "one device" if len(labels) == 1 else f"{len(labels)} devices"
+    return (f"All numbers on this page so far come from {count}, told apart by CPU model and the instructions "
+            f"that set its matmul speed (AVX2, AVX-512, AMX): " + "; ".join(labels) + ".")
+
+
+def run_line(result):
+    """What a run is, in one sentence: device identity, dtype, profile, date, and whether the code changed since."""
+    return (f"{device_label(result['provenance']['device'])}, {result['dtype']}, {result['profile']} profile, recorded "
+            f"{result['provenance']['date_utc'][:10]}" + (" (predates the current code)" if is_stale(result) else "")
+            + ".")
+
+
+def title_suffix(result):
+    return f"{device_label(result['provenance']['device'])}, {result['dtype']}"
+
+
+def provenance_summary(result):
+    """Markdown bullet list: what ran where, when, from which code, and whether that code is current (it says
+    plainly when the run predates the current sources)."""
+    from attention.bench import SWEEPS
+
+    provenance = result["provenance"]
+    device, git = provenance["device"], provenance.get("git") or {}
+    commit = "not a git checkout" if git.get("commit") is None else f"`{git['commit'][:12]}`" + (
+        " with uncommitted changes under `attention/`" if git.get("dirty") else "")
+    versions = [f"torch {provenance['torch']}"] + [f"{name} {provenance[key]}" for key, name in
+                                                   (("cuda", "CUDA"), ("cudnn", "cuDNN")) if provenance.get(key)]
+    flags = ", ".join(device.get("cpu_flags") or []) or "none of them" if device.get("cpu_flags") is not None \
+        else "not recorded (a run from before they were)"
+    hardware = (f"{device['name']}, {device['cpu_count']} logical cores, {device['torch_num_threads']} torch threads"
+                if device["type"] == "cpu" else f"{device['name']} (host CPU: {device['cpu']}, {device['cpu_count']} "
+                                                f"logical cores)")
+    lines = [f"- **Device**: {device['type']}: {hardware}; identified as **{device_label(device)}**",
+             f"- **CPU flags that change results** (AVX2, FMA, AVX-512, AMX): {flags}",
+             f"- **Software**: {', '.join(versions)}, Python {provenance['python']}, {provenance['platform']}",
+             f"- **Run**: {provenance['date_utc']}, profile `{result['profile']}`, dtype `{result['dtype']}`, "
+             f"{provenance.get('duration_s', '?')} s" + ("" if result.get("complete") else " (**incomplete run**)"),
+             f"- **Command**: `{provenance['command']}`",
+             f"- **Code**: commit {commit}; sources sha256 `{provenance['source_hash'][:16]}`"]
+    shares = [row["cpu_utilization"] for name in SWEEPS for row in (section(result, name) or {}).get("rows", [])
+              if row.get("cpu_utilization") is not None]
+    if shares:
+        lines.append(f"- **CPU share**: median {sorted(shares)[len(shares) // 2]:.0%} of the threads' time; "
+                     f"{sum(share < CONTENDED_BELOW for share in shares)} of {len(shares)} rows below "
+                     f"{CONTENDED_BELOW:.0%} (other processes running)")
+    if provenance.get("load_average_start"):
+        lines.append(f"- **Load average** (1/5/15 min) before the run: {provenance['load_average_start']}; after it: "
+                     f"{provenance.get('load_average_end')}")
+    if is_stale(result):
+        changed = changed_sources(result)
+        lines.append("- **Stale**: this run predates the current code; changed since: "
+                     + ", ".join(f"`{path}`" for path in changed[:8]) + (f" and {len(changed) - 8} more"
+                                                                         if len(changed) > 8 else ""))
+    else:
+        lines.append("- **Current**: recorded with the current `attention/` sources")
+    return "\n".join(lines) + "\n"

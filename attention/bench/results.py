@@ -1,0 +1,353 @@
+"""A results file: its schema (every field's form and bounds), reading, validation, escaping and migration.
+
+One JSON object: the envelope (`ENVELOPE`, written by `core.Envelope`) and a section per sweep that ran
+(`attention.bench.SWEEPS`): the sequence sweep's at the top level, where the pages have always read it, the
+others under their names. Files come from anyone ("Add your device") and their strings reach the pages, so
+every field has a rule (strings a form and a length, numbers finite and bounded, names from fixed sets),
+unknown fields are refused, and each problem names its field. docs/benchmark-schema.md describes the file.
+"""
+
+import copy
+import json
+import math
+import re
+import typing
+from pathlib import Path
+
+from attention.bench.metrics import SDPA_KERNEL_PATTERNS, SDPA_OPS, TOLERANCES
+from attention.bench.provenance import REPO_DIR, RESULT_FLAGS, changed_sources
+
+# Bump when a field changes name or meaning, and teach `migrate` to rewrite the files of the version before.
+SCHEMA_VERSION = 3
+RESULTS_DIR = REPO_DIR / "docs" / "results"
+MAX_FILE_BYTES, MAX_ROWS = 16 * 2**20, 5000
+DEVICE_TYPES = ("cpu", "cuda", "mps")
+FILE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,79}\.json")  # the pages show it: a name, nothing else
+# What a recorded error message may hold: no Markdown link, HTML or code span can be written with these.
+REASON_CHARS = r"A-Za-z0-9 .,:;'=!?%#()/+*_-"
+
+
+# --- Rules: each takes `(value, where)` and returns the problems, as sentences that start with the field ---
+
+def _shown(value):
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _typed(kind, expected, check):
+    """A rule: a value of type `kind` (a bool is no number), then `check(value, where)`."""
+    def rule(value, where):
+        if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+            return [f"{where}: expected {expected}, got {_shown(value)}"]
+        return check(value, where)
+    return rule
+
+
+def number(lowest=0.0, highest=1e15, kind=(int, float)):
+    return _typed(kind, "an integer" if kind is int else "a number", lambda value, where: (
+        [f"{where}: {value} is not a finite number"] if isinstance(value, float) and not math.isfinite(value) else
+        [] if lowest <= value <= highest else [f"{where}: {_shown(value)} is outside [{lowest}, {highest}]"]))
+
+
+def integer(lowest=0, highest=2**62):
+    return number(lowest, highest, int)
+
+
+def text(pattern, what, longest=80):
+    compiled = re.compile(pattern)
+    return _typed(str, "a string", lambda value, where: [f"{where}: {len(value)} characters, at most {longest}"]
+                  if len(value) > longest else [] if compiled.fullmatch(value) else [f"{where}: {_shown(value)} is not {what}"])
+
+
+def one_of(*values):
+    return lambda value, where: [] if any(type(value) is type(allowed) and value == allowed for allowed in values) \
+        else [f"{where}: {_shown(value)} is not one of {', '.join(map(str, values))}"]
+
+
+def nullable(inner):
+    return lambda value, where: [] if value is None else inner(value, where)
+
+
+def list_of(item, longest):
+    return _typed(list, "a list", lambda value, where: [f"{where}: {len(value)} items, at most {longest}"]
+                  if len(value) > longest else [p for index, element in enumerate(value) for p in item(element, f"{where}[{index}]")])
+
+
+def mapping(key, item, longest):
+    return _typed(dict, "an object", lambda value, where: [f"{where}: {len(value)} entries, at most {longest}"]
+                  if len(value) > longest else [p for name, element in value.items()
+                                                for p in key(name, f"{where} key") or item(element, f"{where}.{name}")])
+
+
+def record(fields, optional=()):
+    """An object with exactly `fields` ({name: rule}), those in `optional` allowed to be absent."""
+    def check(value, where):
+        prefix = f"{where}." if where else ""
+        return ([f"{prefix}{_shown(name)}: unknown field" for name in value if name not in fields]
+                + [f"{prefix}{name}: missing" for name in fields if name not in value and name not in optional]
+                + [p for name, rule in fields.items() if name in value for p in rule(value[name], prefix + name)])
+    return _typed(dict, "an object", check)
+
+
+def field_rules(annotated):
+    """`{field: rule}` of a class whose fields are `Annotated[type, rule, ...]` (a row `TypedDict`, a config
+    dataclass); `null` allowed where the type allows None."""
+    hints = typing.get_type_hints(annotated, include_extras=True)
+    return {name: nullable(hint.__metadata__[0]) if type(None) in typing.get_args(hint.__origin__)
+            else hint.__metadata__[0] for name, hint in hints.items()}
+
+
+def config_problems(config):
+    """The problems of a config dataclass's values against its fields' rules (`field_rules`; tuples as lists)."""
+    values = {name: list(value) if isinstance(value, tuple) else value
+              for name, value in ((name, getattr(config, name)) for name in field_rules(type(config)))}
+    return [problem for name, rule in field_rules(type(config)).items() for problem in rule(values[name], name)]
+
+
+def rule_of(annotated):
+    """The rule of an object holding exactly the fields of `annotated` (`field_rules`)."""
+    return record(field_rules(annotated))
+
+
+def fields_table(row_type):
+    """Markdown table of a row type's fields and their meanings, for docs/benchmark-schema.md."""
+    hints = typing.get_type_hints(row_type, include_extras=True)
+    return "\n".join(["| Field | Meaning |", "|---|---|"] + [f"| `{name}` | {hint.__metadata__[1]} |"
+                                                             for name, hint in hints.items()])
+
+
+def new_row(row_type, **values):
+    """A row of `row_type` with `values` and every other field None; `TypeError` naming a field it lacks."""
+    fields = typing.get_type_hints(row_type)
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise TypeError(f"unknown row field(s) {unknown}; {row_type.__name__} has {', '.join(fields)}")
+    return dict.fromkeys(fields) | values
+
+
+def mismatches(where, row, expected):
+    """Problems where a row's number differs from its definition (`expected`: {field: value}; integers exactly)."""
+    return [f"{where}: {key} {row[key]} does not match its definition ({value:.6g})" for key, value in expected.items()
+            if row[key] is None or (row[key] != value if isinstance(value, int) else
+                                    not math.isclose(row[key], value, rel_tol=1e-3))]
+
+
+def disordered(where, row):
+    """The problem of an `ok` row whose times are not positive and ordered, or `[]`."""
+    times = [row[key] for key in ("ms_min", "ms_q1", "ms_median", "ms_q3", "ms_max")]
+    return [] if None not in times and times == sorted(times) and times[0] > 0 else [
+        f"{where}: times are not positive and ordered min <= q1 <= median <= q3 <= max: {times}"]
+
+
+BOOLEAN = one_of(True, False)
+NAME = text(r"[A-Za-z0-9 ()@.,_+/-]+", "a name of letters, digits, spaces and ()@.,_+/-", 100)
+IDENTIFIER = text(r"[A-Za-z][A-Za-z0-9_]*", "an identifier", 40)
+VERSION = text(r"\d+(\.\d+){1,3}([.+-]?[A-Za-z0-9]+){0,4}", "a version such as 2.13.0+cpu", 40)
+PROSE = text(r"[A-Za-z0-9 .,:;'±×·()/-]+", "a description of letters, digits and punctuation (no brackets)", 300)
+REASON = text(f"[{REASON_CHARS}]+", "a sentence of letters, digits and punctuation (no brackets)", 300)
+COUNT, BYTES, SECONDS, MS = integer(0, 2**31), integer(0, 2**60), number(0, 1e7), number(0, 1e9)
+POSITIVE = integer(1, 2**31)
+RATE, SHARE = number(0, 1e9), number(0, 1e4)
+DTYPE = one_of(*TOLERANCES)
+TOLERANCE = record({"atol": number(0, 1), "rtol": number(0, 1)})
+SDPA_BACKENDS = list_of(one_of("n/a", *dict.fromkeys(SDPA_OPS.values()), *(label for label, _ in SDPA_KERNEL_PATTERNS)), 8)
+SDPA_OP_NAMES = list_of(one_of(*SDPA_OPS), 16)
+# CUDA kernel names are C++ signatures (templates, namespaces): no quotes, `=`, `/` or brackets, so no HTML attribute,
+# closing tag or Markdown link.
+KERNEL_NAME = text(r"[A-Za-z0-9_:<>(),*&. -]+", "a GPU kernel name", 1000)
+LOAD = nullable(list_of(number(0, 1e6), 3))
+
+DEVICE = record({
+    "type": one_of(*DEVICE_TYPES), "name": NAME, "cpu": NAME, "cpu_flags": nullable(list_of(one_of(*RESULT_FLAGS), 16)),
+    "cpu_count": integer(1, 1 << 16), "torch_num_threads": integer(1, 1 << 16), "host_memory_bytes": nullable(BYTES),
+    "memory_bytes": BYTES, "compute_capability": text(r"\d{1,2}\.\d{1,2}", "a compute capability such as 8.0", 8),
+    "multiprocessors": integer(1, 1 << 16)}, optional=("memory_bytes", "compute_capability", "multiprocessors"))
+PROVENANCE = record({
+    "date_utc": text(r"20\d\d-(0[1-9]|1[0-2])-([0-2]\d|3[01])T([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d+)?([+-]\d\d:\d\d|Z)",
+                     "an ISO 8601 date and time with its offset", 40),
+    "command": text(r"[A-Za-z0-9 ._/=,:+@%'-]+", "a command line of letters, digits, spaces and ._/=,:+@%'-", 2000),
+    "argv": list_of(text(r"[A-Za-z0-9 ._/=,:+@%-]*", "an argument of letters, digits, spaces and ._/=,:+@%-", 500), 200),
+    "git": record({"commit": nullable(text(r"[0-9a-f]{40}|[0-9a-f]{64}", "a hexadecimal git commit", 64)),
+                   "dirty": nullable(BOOLEAN)}),
+    "source_hash": text(r"[0-9a-f]{64}", "a sha256 in hexadecimal", 64),
+    "source_files": mapping(text(r"attention/[A-Za-z0-9_/]+\.py", "a path attention/....py", 200),
+                            text(r"[0-9a-f]{64}", "a sha256 in hexadecimal", 64), 2000),
+    "python": VERSION, "platform": text(r"[A-Za-z0-9._+-]+", "a platform of letters, digits and ._+-", 200),
+    "torch": VERSION, "cuda": nullable(VERSION), "cudnn": nullable(integer(0, 10**8)), "device": DEVICE,
+    "float32_matmul_precision": one_of("highest", "high", "medium"), "load_average_start": LOAD,
+    "load_average_end": LOAD, "duration_s": SECONDS}, optional=("load_average_end", "duration_s"))
+ENVELOPE = {"schema_version": one_of(SCHEMA_VERSION), "complete": BOOLEAN, "profile": IDENTIFIER,
+            "device_type": one_of(*DEVICE_TYPES), "dtype": DTYPE, "provenance": PROVENANCE}
+
+
+def section(result, sweep_name):
+    """A sweep's section of a results file, or None: the top level for the sequence sweep, else `result[name]`."""
+    if sweep_name == "sequence":
+        return {key: value for key, value in result.items() if key not in ENVELOPE and not _is_sweep(key)} or None
+    return result.get(sweep_name)
+
+
+def _is_sweep(key):
+    from attention.bench import SWEEPS  # the sweeps import this module; read their registry when needed
+
+    return key in SWEEPS and key != "sequence"
+
+
+def validate(result):
+    """Every problem that makes `result` unfit to publish (`[]`: valid): the envelope's rules, a finished run of
+    one device type, and each sweep's section (`Sweep.validate`). A run of older sources is valid (and stale)."""
+    from attention.bench import SWEEPS
+
+    if not isinstance(result, dict):
+        return [f"expected a JSON object, got {_shown(result)}"]
+    envelope = {key: value for key, value in result.items() if key in ENVELOPE}
+    problems = record(ENVELOPE)(envelope, "")
+    if not problems:
+        if result["complete"] is not True:
+            problems.append("complete: false: the run did not finish (a checkpoint written while it ran)")
+        if result["provenance"]["device"]["type"] != result["device_type"]:
+            problems.append(f"device_type: {result['device_type']!r} differs from provenance.device.type")
+    sections = {name: section(result, name) for name in SWEEPS}
+    if not any(value is not None for value in sections.values()):
+        problems.append("no section of any sweep: " + ", ".join(SWEEPS))
+    return problems + [p for name, found in sections.items() if found is not None
+                       for p in SWEEPS[name].validate(found, result)]
+
+
+# Every string of a results file, made literal text wherever Markdown or HTML shows it: no tag, entity, link,
+# code span, table cell, attribute list or line break can come from a file (valid names are left as they are).
+ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "[": "&#91;", "]": "&#93;",
+                         "{": "&#123;", "}": "&#125;", "|": "&#124;", "`": "&#96;", "\\": "&#92;",
+                         **{chr(code): " " for code in [*range(32), 127]}})
+
+
+def escaped(value):
+    """A results file's JSON value with every string (keys too) escaped for Markdown and HTML (`ESCAPES`)."""
+    if isinstance(value, str):
+        return value.translate(ESCAPES)
+    if isinstance(value, list):
+        return [escaped(item) for item in value]
+    if isinstance(value, dict):
+        return {escaped(key): escaped(item) for key, item in value.items()}
+    return value
+
+
+def read(path):
+    """The JSON object in `path` (NaN and infinities read as floats, for the validator to name)."""
+    if (size := Path(path).stat().st_size) > MAX_FILE_BYTES:
+        raise ValueError(f"{size / 2**20:.1f} MiB, at most {MAX_FILE_BYTES // 2**20} MiB")
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def load_result(path):
+    """A results file of the current `SCHEMA_VERSION`, its strings `escaped` for the pages that show them;
+    `ValueError` for another version (`migrate` it)."""
+    result = read(path)
+    if (version := isinstance(result, dict) and result.get("schema_version")) != SCHEMA_VERSION:
+        raise ValueError(f"{path}: schema_version {version!r}, this code reads {SCHEMA_VERSION}; "
+                         "python -m attention.bench --migrate FILE rewrites an older file")
+    return escaped(result)
+
+
+def find_results(directory=RESULTS_DIR, device_type=None):
+    """Results files directly in `directory` (default `docs/results/`), newest run first, as `Path`s; with
+    `device_type` ("cpu", "cuda", "mps"), only those whose `device_type` field says so."""
+    found = []
+    for path in sorted(Path(directory).glob("*.json")):
+        try:
+            result = load_result(path)
+        except (ValueError, OSError):
+            continue
+        if device_type in (None, result["device_type"]):
+            found.append((result["provenance"]["date_utc"], path))
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+def check_file(path):
+    """Everything `python -m attention.bench --validate FILE` says about a file: `{"result", "problems",
+    "changed"}`: the result if valid (as read: `escaped` it before a page shows it), what makes it unfit to
+    publish, and the package files changed since it was recorded."""
+    problems = [] if FILE_NAME.fullmatch(Path(path).name) else [
+        f"file name: {_shown(Path(path).name)} is not lower-case letters, digits and ._- ending in .json"]
+    try:
+        result = read(path)
+    except (OSError, ValueError) as error:  # json.JSONDecodeError is a ValueError
+        return {"result": None, "problems": problems + [f"cannot be read: {error}"], "changed": []}
+    if (version := result.get("schema_version") if isinstance(result, dict) else None) in MIGRATIONS:
+        problems.append(f"schema_version: {version}, an older layout: python -m attention.bench --migrate FILE "
+                        f"rewrites it as version {SCHEMA_VERSION}")
+    problems += [] if version in MIGRATIONS else validate(result)
+    return {"result": None if problems else result, "problems": problems,
+            "changed": [] if problems else changed_sources(result)}
+
+
+def check_report(path, checked):
+    """`check_file`'s verdict on `path` in words, as the validator prints it."""
+    result, problems, changed = checked["result"], checked["problems"], checked["changed"]
+    if problems:
+        return f"{path}: NOT valid, {len(problems)} problem(s):\n" + "\n".join(f"  - {problem}" for problem in problems)
+    from attention.bench import SWEEPS
+
+    rows, device = [row for name in SWEEPS for row in (section(result, name) or {}).get("rows", [])], result["provenance"]["device"]
+    return (f"{path}: valid: {device['type']} ({device['name']}), {result['dtype']}, profile {result['profile']!r}, "
+            f"{len(rows)} rows ({sum(row['status'] == 'ok' for row in rows)} measured), recorded "
+            f"{result['provenance']['date_utc']}\n" + (
+                f"  recorded with older sources ({len(changed)} package file(s) changed since: {', '.join(changed[:6])}"
+                f"{' ...' if len(changed) > 6 else ''}); the pages mark it as such" if changed
+                else "  recorded with the current attention/ sources"))
+
+
+# --- Migration: an older file rewritten mechanically (fields renamed, moved or added as null; no number edited) ---
+
+def _from_version_2(result):
+    """Version 2 -> 3: the envelope gains `profile` and `provenance.device.cpu_flags` (null: not recorded then);
+    the work and rate fields are named alike in every sweep (`flops`, `tflops`, `share_of_matmul_peak`,
+    `matmul_peak`); a decode run loses the placeholders the sequence validator needed (`rows`, `rankings`,
+    `matmul_peak`, and `config`'s `modes`, `batch`, `seq_len`, `sweep_batch`, `seq_lens`) and keeps its config
+    in `decode`; `block_sparse` records the seed and timing it ran with (the run's `config`'s); every row has
+    every field of its sweep's row type (`null` where that run did not measure it; `ms_iqr` is `ms_q3 - ms_q1`)."""
+    from attention.bench import SWEEPS
+
+    config, _ = result.pop("config"), result.pop("schema_version")
+    result["provenance"]["device"].setdefault("cpu_flags", None)
+    migrated = {"schema_version": 3, "complete": result.pop("complete"), "profile": config["profile"],
+                **{key: result.pop(key) for key in ("device_type", "dtype", "provenance")}}
+    renames = {"flops_total": "flops", "flops_useful": "flops", "tflops_useful": "tflops",
+               "share_of_matmul": "share_of_matmul_peak", "matmul": "matmul_peak"}
+    if "decode" in result:
+        for key in ("rows", "rankings", "matmul_peak"):
+            del result[key]
+        placeholders = ("modes", "batch", "seq_len", "sweep_batch", "seq_lens", "device", "dtype", "profile", "d_model")
+        header = {key: list(value) if key == "models" else value for key, value in config.items()
+                  if key not in placeholders}
+        migrated["decode"] = header | {renames.get(key, key): value for key, value in result.pop("decode").items()}
+    else:
+        migrated["config"] = config
+    if "block_sparse" in result:
+        result["block_sparse"].update({key: config[key] for key in ("seed", "min_run_time", "min_repeats",
+                                                                   "warmup_time", "matmul_size")})
+    migrated.update(result)
+    for name, sweep in SWEEPS.items():
+        found = section(migrated, name) or {}
+        for index, row in enumerate(found.get("rows", [])):
+            row = {renames.get(key, key): value for key, value in row.items()}
+            if row.get("ms_iqr") is None and row.get("ms_q3") is not None:
+                row["ms_iqr"] = row["ms_q3"] - row["ms_q1"]
+            if name == "decode":  # the cache bytes of version 2 counted every cached position and the step's own
+                row["positions_read"] = row["context"] + 1
+            found["rows"][index] = new_row(sweep.Row, **row)
+    return migrated
+
+
+MIGRATIONS = {2: _from_version_2}
+
+
+def migrate(result):
+    """`result` rewritten as the current `SCHEMA_VERSION`, one version at a time (a copy; numbers untouched)."""
+    result = copy.deepcopy(result)
+    while result.get("schema_version") != SCHEMA_VERSION:
+        version = result.get("schema_version")
+        if version not in MIGRATIONS:
+            raise ValueError(f"schema_version {version!r}: no migration to {SCHEMA_VERSION} (known: {list(MIGRATIONS)})")
+        result = MIGRATIONS[version](result)
+    return result

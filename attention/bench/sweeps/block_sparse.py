@@ -1,0 +1,306 @@
+"""The block-sparse sweep: where skipping blocks pays, FlexAttention with a `BlockMask` against SDPA with a dense mask.
+
+For each mask pattern (`PATTERNS`: causal, a sliding window, BigBird with random blocks, packed documents)
+and each length, two kernels on the same `(B, H, T, D)` queries, keys and values, forward: FlexAttention
+with the pattern's `BlockMask`, which skips the `(128 x 128)` blocks with no attended pair, and SDPA with
+the same mask as a dense boolean `(T, T)` tensor, which computes every block. Each row is checked against
+the float64 reference on `CHECKED_QUERIES` query rows spread over the sequence, then measured by
+`core.measure` (timing paired with a matmul). Its FLOPs count the attended pairs only, the work any kernel
+needs for the mask, so the dense kernel's rate in those units shows what the mask wastes.
+"""
+
+import dataclasses
+import math
+import time
+from typing import Annotated
+
+import torch
+import torch.nn.functional as F
+
+from attention.bench import core, metrics
+from attention.bench.format import collapsed, mebibytes, number, percent, table, title_suffix
+from attention.bench.results import (config_problems, disordered, mismatches, BYTES, MAX_ROWS, POSITIVE, PROSE, RATE, SECONDS, SHARE, field_rules, integer,
+                                     list_of, mapping, new_row, number as finite, one_of, record, rule_of)
+from attention.masks import and_masks, bigbird, block_mask, causal, dense_mask, document, sliding_window
+from attention.reference import reference_kernel
+
+NAME = "block_sparse"
+KERNELS = {"flex_block_mask": "FlexAttention + BlockMask", "sdpa_dense_mask": "SDPA + dense mask"}
+CHECKED_QUERIES = 64
+BLOCK = 128  # FlexAttention's default block side on every device here
+
+
+def document_ids(seq_len, seed=0, shortest=256, longest=2048):
+    """`(seq_len,)` document ids of packed documents whose lengths are drawn uniformly in [shortest, longest]."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(shortest, longest + 1, (seq_len // shortest + 1,), generator=generator)
+    return torch.repeat_interleave(torch.arange(len(lengths)), lengths)[:seq_len].contiguous()  # (seq_len,)
+
+
+# name -> (description, mask_mod for a length and device). One mask definition serves both kernels.
+PATTERNS = {
+    "causal": ("causal (decoder)", lambda seq_len, device: causal),
+    "sliding_window": ("causal sliding window of 1024 keys (Mistral-style)", lambda seq_len, device: sliding_window(1024)),
+    "bigbird": ("BigBird, bidirectional: a window of ±64 keys, 64 global tokens, and 3 random key blocks of 128 "
+                "tokens per query block of 128, aligned with FlexAttention's blocks (as many as there are, when fewer)",
+                lambda seq_len, device: bigbird(64, 64, min(3, math.ceil(seq_len / BLOCK)), max_len=seq_len, seed=0,
+                                                device=device, block_size=BLOCK)),
+    "document": ("causal within packed documents of 256 to 2048 tokens",
+                 lambda seq_len, device: and_masks(causal, document(document_ids(seq_len).to(device)))),
+}
+
+
+@dataclasses.dataclass
+class Config:
+    """What to measure: `patterns` (names of `PATTERNS`) at `seq_lens`, batch `batch`, `num_heads` heads of
+    `d_model // num_heads`; timing per row; the paired matmul's side (default 2048 on CPU, 4096 elsewhere)."""
+
+    OPTIONS = {"sweep_batch": "batch"}  # the command line's --sweep-batch sets this sweep's batch
+
+    patterns: Annotated[tuple, list_of(one_of(*PATTERNS), 16)] = tuple(PATTERNS)
+    seq_lens: Annotated[tuple, list_of(POSITIVE, 64)] = tuple(2**i for i in range(7, 15))
+    batch: Annotated[int, POSITIVE] = 1
+    d_model: Annotated[int, POSITIVE] = 768
+    num_heads: Annotated[int, POSITIVE] = 12
+    seed: Annotated[int, integer(0, 2**63)] = 0
+    min_run_time: Annotated[float, finite(0, 1e4)] = 1.0
+    min_repeats: Annotated[int, POSITIVE] = 5
+    warmup_time: Annotated[float, finite(0, 1e4)] = 0.25
+    matmul_size: Annotated[int | None, POSITIVE] = None
+
+    def resolve(self, device):
+        resolved = dataclasses.replace(self, patterns=tuple(self.patterns), seq_lens=tuple(self.seq_lens),
+                                       matmul_size=self.matmul_size or (2048 if torch.device(device).type == "cpu" else 4096))
+        problems = config_problems(resolved)
+        if problems or self.d_model % self.num_heads:
+            raise ValueError("; ".join(problems) or f"d_model must be divisible by num_heads, got d_model="
+                                                    f"{self.d_model}, num_heads={self.num_heads}")
+        return resolved
+
+
+class Row(core.Measured, core.PairedMatmul):
+    """One kernel on one pattern at one length, forward."""
+
+    pattern: Annotated[str, one_of(*PATTERNS), "Key of `block_sparse.patterns`, which describes the mask in words."]
+    kernel: Annotated[str, one_of(*KERNELS), '`"flex_block_mask"` (compiled FlexAttention with the pattern\'s '
+                      '`BlockMask`) or `"sdpa_dense_mask"` (SDPA with the mask as a dense boolean `(T, T)` tensor).']
+    seq_len: Annotated[int, POSITIVE, "T, queries and keys."]
+    batch: Annotated[int, POSITIVE, "B."]
+    num_heads: Annotated[int, POSITIVE, "H."]
+    head_dim: Annotated[int, POSITIVE, "D."]
+    mode: Annotated[str, one_of("forward"), '`"forward"`, under `torch.no_grad()`.']
+    mask_density: Annotated[float, finite(0, 1), "Share of the T² (query, key) pairs the mask attends."]
+    block_share: Annotated[float, finite(0, 1), "Share of the `(128 x 128)` blocks the kernel computes: those holding "
+                           "an attended pair for FlexAttention, all of them (1) for SDPA."]
+    mask_bytes: Annotated[int, BYTES, "Bytes of the mask the kernel reads: the `BlockMask`'s index tensors, or the "
+                          "dense boolean mask."]
+    block_mask_s: Annotated[float | None, SECONDS, "Seconds to build the `BlockMask` (FlexAttention rows)."]
+    checked_queries: Annotated[int, POSITIVE, "Query rows (spread over the sequence) compared with the float64 "
+                               "reference, all heads, batch element 0."]
+    flops: Annotated[int, integer(), "`4·B·H·D` × attended pairs: the work the mask asks for, the same for both kernels."]
+    flops_dense: Annotated[int, integer(), "`4·B·H·D·T²`: the work of every pair."]
+
+
+def run(config, envelope):
+    config = config.resolve(envelope.device)
+    device, dtype = envelope.device, envelope.dtype
+    header = {"patterns": {name: PATTERNS[name][0] for name in config.patterns}, "kernels": list(KERNELS),
+              "batch": config.batch, "num_heads": config.num_heads, "head_dim": config.d_model // config.num_heads,
+              "seq_lens": list(config.seq_lens), "block_size": BLOCK, "checked_queries": CHECKED_QUERIES,
+              "mode": "forward", **{key: getattr(config, key) for key in ("seed", "min_run_time", "min_repeats",
+                                                                           "warmup_time", "matmul_size")}, "rows": []}
+    section = envelope.open(NAME, header, len(config.patterns) * len(config.seq_lens) * len(KERNELS))
+    yardstick = core.matmul_yardstick(device, dtype, config.matmul_size)
+    for pattern in config.patterns:
+        for seq_len in config.seq_lens:
+            for row in pattern_rows(config, pattern, seq_len, envelope, yardstick):
+                envelope.add(section["rows"], row, f"block sparse {pattern} {row['kernel']} T={seq_len}")
+            core.release(device)
+
+
+def pattern_rows(config, pattern, seq_len, envelope, yardstick):
+    """The two rows (FlexAttention with the BlockMask, SDPA with the dense mask) of one pattern and length."""
+    from attention.causal.flex import compiled_flex_attention
+
+    B, H, D, device = config.batch, config.num_heads, config.d_model // config.num_heads, envelope.device
+    generator = torch.Generator().manual_seed(config.seed + 3)
+    q, k, v = (torch.randn(B, H, seq_len, D, generator=generator).to(device, envelope.dtype) for _ in range(3))
+    mask_mod = PATTERNS[pattern][1](seq_len, device)
+    dense = dense_mask(mask_mod, seq_len, seq_len, device=device)  # (T, T), True = attend
+    attended = int(dense.sum())
+    checked = torch.linspace(0, seq_len - 1, min(CHECKED_QUERIES, seq_len)).round().long().unique()
+    q64, k64, v64 = (t[:1].to("cpu", torch.float64) for t in (q, k, v))  # (1, H, T, D): batch element 0
+    expected = reference_kernel(q64[:, :, checked], k64, v64, mask=dense[checked].cpu())[0][0]  # (H, checked, D)
+    started = time.perf_counter()
+    blocks = block_mask(mask_mod, seq_len, seq_len, device)
+    built_s = time.perf_counter() - started
+    computed = sum(int(n.sum()) for n in (blocks.kv_num_blocks, blocks.full_kv_num_blocks) if n is not None)
+    calls = {"flex_block_mask": (lambda: compiled_flex_attention(q, k, v, block_mask=blocks), computed
+                                 / math.ceil(seq_len / BLOCK) ** 2, sum(t.nbytes for t in blocks.as_tuple()
+                                                                        if isinstance(t, torch.Tensor)), built_s),
+             "sdpa_dense_mask": (lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense), 1.0, dense.nbytes,
+                                 None)}
+    for kernel, (kernel_call, block_share, mask_bytes, mask_s) in calls.items():
+        row = new_row(Row, pattern=pattern, kernel=kernel, seq_len=seq_len, batch=B, num_heads=H, head_dim=D,
+                      mode="forward", mask_density=attended / seq_len**2, block_share=block_share, mask_bytes=mask_bytes,
+                      block_mask_s=mask_s, checked_queries=len(checked), flops=4 * B * H * D * attended,
+                      flops_dense=4 * B * H * D * seq_len**2, status="ok", tolerance=metrics.TOLERANCES[
+                          envelope.result["dtype"]])
+
+        def call(kernel_call=kernel_call):
+            with torch.no_grad():
+                return kernel_call()
+        try:
+            row.update(core.measure(call, lambda out: core.compared(out[0][:, checked], expected, row["tolerance"]),
+                                    device, config, yardstick))
+            row["tflops"] = row["flops"] / (row["ms_median"] * 1e-3) / 1e12
+            row["share_of_paired_matmul"] = row["tflops"] / row["matmul_tflops_paired"]
+        except Exception as error:  # noqa: BLE001 - record the failure, keep the run going
+            core.failed(row, error)
+        yield row
+
+
+SECTION = record({name: rule for name, rule in field_rules(Config).items() if name != "d_model"} | {
+    "patterns": mapping(one_of(*PATTERNS), PROSE, 16), "kernels": list_of(one_of(*KERNELS), 4), "head_dim": POSITIVE,
+    "block_size": POSITIVE, "checked_queries": POSITIVE, "mode": one_of("forward"),
+    "rows": list_of(rule_of(Row), MAX_ROWS)})
+
+
+def validate(section, result):
+    """The section's rules, then each measured row's rates and shares recomputed from its own numbers."""
+    problems = SECTION(section, NAME)
+    for index, row in enumerate([] if problems else section["rows"]):
+        where = f"block_sparse.rows[{index}] ({row['pattern']}, {row['kernel']}, T={row['seq_len']})"
+        pairs = row["mask_density"] * row["seq_len"] ** 2
+        expected = {"flops": 4 * row["batch"] * row["num_heads"] * row["head_dim"] * pairs,
+                    "flops_dense": 4 * row["batch"] * row["num_heads"] * row["head_dim"] * row["seq_len"] ** 2}
+        if not 0 < row["mask_density"] <= row["block_share"] <= 1:
+            problems.append(f"{where}: expected 0 < mask_density <= block_share <= 1, got {row['mask_density']} and "
+                            f"{row['block_share']}")
+        if row["status"] == "ok":
+            if disordered(where, row):
+                problems += disordered(where, row)
+                continue
+            expected["tflops"] = row["flops"] / (row["ms_median"] * 1e-3) / 1e12
+            expected["share_of_paired_matmul"] = row["tflops"] / (row["matmul_tflops_paired"] or math.nan)
+        problems += mismatches(where, row, expected)
+    return problems
+
+
+def block_sparse_rows(result, pattern=None):
+    """The run's block-sparse rows (of one `pattern`, or all); `[]` for runs without them."""
+    return [row for row in (result.get(NAME) or {}).get("rows", []) if pattern in (None, row["pattern"])]
+
+
+def usable(row):
+    return row is not None and row["status"] == "ok" and row["correct"] is True
+
+
+def pairs_by_length(result, pattern):
+    """`{seq_len: {kernel: row}}` of one pattern, lengths ascending."""
+    pairs = {}
+    for row in block_sparse_rows(result, pattern):
+        pairs.setdefault(row["seq_len"], {})[row["kernel"]] = row
+    return dict(sorted(pairs.items()))
+
+
+def crossovers(result):
+    """Per pattern, where the block-sparse kernel overtakes the dense mask, read from the measurements:
+    `{pattern: {"crossover", "longest", "speedup", "block_share", "mask_density", "flex_ms", "dense_ms"}}`;
+    `crossover` is the shortest length from which FlexAttention is faster at that length and every longer
+    one (None if not at the longest); `speedup` the dense time over Flex's at the longest length both ran."""
+    found = {}
+    for pattern in (result.get(NAME) or {}).get("patterns", {}):
+        both = [(t, pair["flex_block_mask"], pair["sdpa_dense_mask"]) for t, pair in pairs_by_length(result, pattern).items()
+                if usable(pair.get("flex_block_mask")) and usable(pair.get("sdpa_dense_mask"))]
+        if not both:
+            continue
+        crossover = None
+        for t, flex, dense in reversed(both):
+            if flex["ms_median"] >= dense["ms_median"]:
+                break
+            crossover = t
+        longest, flex, dense = both[-1]
+        found[pattern] = dict(crossover=crossover, longest=longest, speedup=dense["ms_median"] / flex["ms_median"],
+                              block_share=flex["block_share"], mask_density=flex["mask_density"],
+                              flex_ms=flex["ms_median"], dense_ms=dense["ms_median"])
+    return found
+
+
+def crossover_table(result):
+    """Per pattern: the crossover length, and the speed-up and block share at the longest length."""
+    return table(["pattern", "Flex faster from", "at T", "blocks computed", "pairs attended", "Flex ms", "dense SDPA ms",
+                  "speed-up"], [[pattern, f"T={found['crossover']}" if found["crossover"] else "not within the lengths "
+                                 "measured", found["longest"], percent(found["block_share"]), percent(found["mask_density"]),
+                                 number(found["flex_ms"]), number(found["dense_ms"]), f"{found['speedup']:.2f}x"]
+                                for pattern, found in crossovers(result).items()])
+
+
+def block_sparse_table(result, pattern=None):
+    """Per pattern and length: both kernels' median time, the speed-up, blocks computed and memory."""
+    patterns, parts = (result.get(NAME) or {}).get("patterns", {}), []
+
+    def cell(row, value):
+        if row is None or row["status"] != "ok":
+            return "" if row is None else "OOM" if row["reason"] == "out of memory" else row["status"]
+        return value(row) if row["correct"] is True else "incorrect"
+    for name in [pattern] if pattern else patterns:
+        lines = []
+        for t, pair in pairs_by_length(result, name).items():
+            flex, dense = pair.get("flex_block_mask"), pair.get("sdpa_dense_mask")
+            memory = lambda r: f"{mebibytes(r['peak_memory_bytes'])} ({mebibytes(r['mask_bytes'])})"  # noqa: E731
+            lines.append([t, percent((flex or dense)["mask_density"]), percent(flex["block_share"]) if flex else "—",
+                          cell(flex, lambda r: number(r["ms_median"])), cell(dense, lambda r: number(r["ms_median"])),
+                          f"{dense['ms_median'] / flex['ms_median']:.2f}x" if usable(flex) and usable(dense) else "—",
+                          cell(flex, memory), cell(dense, memory)])
+        parts.append(f"**{name}**: {patterns[name]}\n\n" + table(
+            ["T", "pairs attended", "blocks computed", "Flex ms", "dense SDPA ms", "speed-up", "Flex MiB (BlockMask)",
+             "dense MiB (mask)"], lines, "r" * 8))
+    return "\n\n".join(parts)
+
+
+def plot_block_sparse(result):
+    """Per pattern, both kernels' median time against T (log-log), the crossover marked."""
+    from matplotlib.figure import Figure
+
+    section = result.get(NAME) or {}
+    patterns, found = list(section.get("patterns", {})), crossovers(result)
+    fig = Figure(figsize=(9, 3.4 * max(1, math.ceil(len(patterns) / 2))))
+    axes = fig.subplots(max(1, math.ceil(len(patterns) / 2)), 2, squeeze=False).ravel()
+    for ax, pattern in zip(axes, patterns):
+        for kernel, marker in zip(KERNELS, "os"):
+            points = [(t, pair[kernel]["ms_median"]) for t, pair in pairs_by_length(result, pattern).items()
+                      if usable(pair.get(kernel))]
+            if points:
+                ax.plot(*zip(*points), marker=marker, markersize=4, label=KERNELS[kernel])
+        if found.get(pattern, {}).get("crossover"):
+            crossover = found[pattern]["crossover"]
+            ax.axvline(crossover, color="k", linestyle=":", linewidth=1, label=f"Flex faster from T={crossover}")
+        ax.set_xscale("log", base=2)
+        ax.set(yscale="log", title=pattern, xlabel="sequence length T", ylabel="ms per call (median)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in axes[len(patterns):]:
+        ax.set_visible(False)
+    fig.suptitle(f"Block-sparse FlexAttention against a dense SDPA mask, forward, B={section.get('batch')}, "
+                 f"{section.get('num_heads')} heads of {section.get('head_dim')}: {title_suffix(result)}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def charts(result):
+    return {"block-sparse": (plot_block_sparse(result), "FlexAttention with a BlockMask against SDPA with a dense mask, "
+                                                        f"time against sequence length per mask pattern, {title_suffix(result)}")}
+
+
+def tables(result):
+    return crossover_table(result) + "\n\n" + block_sparse_table(result)
+
+
+def page(result, images):
+    section = result[NAME]
+    return "\n\n".join([
+        f"Block sparsity, forward, batch {section['batch']}, {section['num_heads']} heads of {section['head_dim']}: "
+        "where FlexAttention with a `BlockMask` overtakes SDPA with the same mask as a dense boolean tensor, read from "
+        "the measurements.", crossover_table(result), *images.values(),
+        collapsed("Every length, both kernels", block_sparse_table(result))])

@@ -1,0 +1,416 @@
+"""The decode sweep: one new token per sequence per step, over a KV cache of `context` positions.
+
+A step attends from one new token over every cached one, reading the whole cache and the layer's weights
+for little arithmetic, so memory bandwidth, not the matmul rate, bounds it: its yardstick is a large read
+(a sum over `bandwidth_bytes`) timed beside each row. For each model (`MODELS`: a kind of attention layer),
+each kernel it runs, each batch size and each context, the sweep builds the layer and its cache (through
+the `DecodingCache` contract of `attention.causal`: it fills it with `update` and times the same step again
+with `rewind`, never touching its fields), checks the step against the model's float64 reference, and
+records the tokens per second, the bytes the step must read over its time as a share of the bandwidth
+measured beside it, and its FLOPs against a large matmul's rate sampled through the run.
+
+One step is one token per sequence through one attention layer (no MLP, no other layers): a model's tokens
+per second are this divided by its layer count, at most.
+
+A model is a `Model` record: a family adds its layers as one line in `MODELS`.
+"""
+
+import dataclasses
+import math
+import statistics
+from typing import Annotated, Callable, NamedTuple
+
+import torch
+
+from attention.bench import core, metrics
+from attention.bench.format import collapsed, number, table, title_suffix
+from attention.bench.results import (config_problems, disordered, mismatches, BYTES, MAX_ROWS, POSITIVE, RATE, SHARE, field_rules, integer, list_of, new_row,
+                                     nullable, number as finite, one_of, record, rule_of, text)
+from attention.causal.gqa import DECODE_KERNELS, GroupedQueryAttention
+from attention.reference import canonical_weights, kv_heads_state, reference_kernel
+
+NAME = "decode"
+KERNELS = tuple(kernel for kernel in DECODE_KERNELS if kernel != "auto")  # "auto" picks one of these per call
+
+
+def step_flops(row, element_size):
+    """A step's useful FLOPs from its row: `2 * batch * parameters` (every weight once per token) plus
+    `4 * batch * num_heads * positions_read * head_dim` (scores and weighted values)."""
+    parameters = row["weight_bytes"] // element_size
+    return 2 * row["batch"] * parameters + 4 * row["batch"] * row["num_heads"] * row["positions_read"] * row["head_dim"]
+
+
+class Model(NamedTuple):
+    """One kind of attention layer the decode sweep steps: a row per kernel, batch size and context.
+
+    * `kernels`: the decode kernels it runs (names of its own, one row each: `("sdpa", "matmul")`).
+    * `build(config, kernel) -> (module, hidden_size)`: the layer in float32 on the CPU, weights drawn from
+      `config.seed`, and the width of its input. The sweep casts and moves it; `module(x, cache=cache)` runs a
+      step of `x` `(B, 1, hidden_size)`; `module.new_cache(batch, capacity)` makes its `DecodingCache`; the
+      module's `num_heads`, `num_kv_heads` and `head_dim` attributes, where it has them, go in the rows.
+    * `entries(module) -> [(heads, *dims), ...]`: per position, the shape of each tensor its cache's
+      `update` takes, batch and positions left out (keys and values: `[(H_kv, D), (H_kv, D)]`). The sweep
+      fills the cache with random ones: the step's time does not depend on their values.
+    * `reference(module, x0, cached, context) -> (1, hidden_size)` float64: batch element 0's step from the
+      module's weights (as rounded to the run's dtype), its new token `x0` `(1, 1, hidden_size)` and `cached`,
+      what the sweep gave `update` for it (`[(1, heads, context, *dims), ...]`): the check of every row.
+    * `positions_read(module, context)`: cached positions a step reads, itself included (a window reads fewer).
+    * `flops(row, element_size)`: the step's useful FLOPs from the row's own numbers (the validator recomputes
+      them the same way).
+    * `check(config)`: raise `ValueError` where `config` cannot build this model (before anything runs).
+    """
+
+    kernels: tuple
+    build: Callable
+    entries: Callable
+    reference: Callable
+    positions_read: Callable = lambda module, context: context + 1
+    flops: Callable = step_flops
+    check: Callable = lambda config: None
+
+
+# --- Multi-head, grouped-query and multi-query attention (`attention.causal.gqa`) -----------------------------------
+
+def grouped(group):
+    """MHA (`group` 1), GQA (`group` query heads per K/V head) or MQA (`group` None: one K/V head for all)."""
+    def num_kv_heads(config):
+        if group is not None and config.num_heads % group:
+            raise ValueError(f"num_heads must be divisible by {group} for {group}:1 GQA, got num_heads={config.num_heads}")
+        return 1 if group is None else config.num_heads // group
+
+    def build(config, kernel):
+        d_model, heads = config.num_heads * config.head_dim, num_kv_heads(config)
+        module = GroupedQueryAttention(d_model, d_model, max(config.contexts) + 1, 0.0, config.num_heads,
+                                       num_kv_heads=heads, decode_kernel=kernel)
+        module.load_canonical_state_dict(kv_heads_state(canonical_weights(d_model, d_model, config.seed),
+                                                        config.num_heads, heads))
+        return module, d_model
+
+    return Model(KERNELS, build, lambda module: [(module.num_kv_heads, module.head_dim)] * 2, grouped_reference,
+                 check=num_kv_heads)
+
+
+def grouped_reference(module, x0, cached, context):
+    """float64 step of `GroupedQueryAttention`: the new token's query over the cached keys and values and its own."""
+    weights = {name: tensor.to("cpu", torch.float64) for name, tensor in module.canonical_state_dict().items()}
+    x = x0.to("cpu", torch.float64)  # (1, 1, d_model)
+    H, H_kv, D = module.num_heads, module.num_kv_heads, module.head_dim
+    q = (x @ weights["query.weight"].T).view(1, 1, H, D).transpose(1, 2)  # (1, H, 1, D)
+    keys, values = ((torch.cat([past.to(torch.float64), (x @ weights[f"{name}.weight"].T).view(1, 1, H_kv, D)
+                                .transpose(1, 2)], dim=2)) for past, name in zip(cached, ("key", "value")))  # (1, H_kv, context + 1, D)
+    out, _ = reference_kernel(q, keys, values)  # (1, H, 1, D)
+    return out.transpose(1, 2).reshape(1, H * D) @ weights["out.weight"].T + weights["out.bias"]  # (1, d_model)
+
+
+# name -> Model: the row's `model`. 32 query heads of 128 (the default config): Llama 2 7B's and Llama 3 8B's
+# attention; GQA's 8:1 is Llama 2 70B's and Llama 3 70B's.
+MODELS = {"MHA": grouped(1), "GQA": grouped(8), "MQA": grouped(None)}
+
+
+@dataclasses.dataclass
+class Config:
+    """What to measure (see the module docstring): `num_heads` query heads of `head_dim` size the `MODELS` that
+    take their sizes from the config (MHA, GQA, MQA)."""
+
+    OPTIONS = {"seq_lens": "contexts", "batch": "batches"}  # the command line's --seq-lens and --batch
+
+    num_heads: Annotated[int, POSITIVE] = 32
+    head_dim: Annotated[int, POSITIVE] = 128
+    models: Annotated[tuple, list_of(lambda name, where: one_of(*MODELS)(name, where), 64)] = tuple(MODELS)
+    contexts: Annotated[tuple, list_of(POSITIVE, 64)] = (1024, 2048, 4096, 8192, 16384, 32768)
+    batches: Annotated[tuple, list_of(POSITIVE, 16)] = (1, 8)
+    kernels: Annotated[tuple, list_of(text(r"[a-z_]+", "a kernel name", 40), 16)] = KERNELS
+    seed: Annotated[int, integer(0, 2**63)] = 0
+    min_run_time: Annotated[float, finite(0, 1e4)] = 0.5
+    min_repeats: Annotated[int, POSITIVE] = 5
+    warmup_time: Annotated[float, finite(0, 1e4)] = 0.1
+    bandwidth_bytes: Annotated[int, POSITIVE] = 2**29
+    memory_budget_bytes: Annotated[int | None, BYTES] = None
+
+    def resolve(self, device):
+        """A copy with the contexts sorted and the memory budget filled in; `ValueError` naming a bad value."""
+        resolved = dataclasses.replace(self, models=tuple(self.models), contexts=tuple(sorted(self.contexts)),
+                                       batches=tuple(self.batches), kernels=tuple(self.kernels),
+                                       memory_budget_bytes=self.memory_budget_bytes or core.memory_budget(device))
+        problems = config_problems(resolved)
+        kernels = {kernel for name in resolved.models if name in MODELS for kernel in MODELS[name].kernels}
+        problems += [f"kernels: {kernel!r} is run by none of the models {list(resolved.models)}"
+                     for kernel in resolved.kernels if kernel not in kernels]
+        problems += [f"{name}: must not be empty" for name in ("models", "contexts", "batches", "kernels")
+                     if not getattr(resolved, name)]
+        if problems:
+            raise ValueError("; ".join(problems))
+        for name in resolved.models:
+            MODELS[name].check(resolved)
+        return resolved
+
+
+class Row(core.Measured):
+    """One model, kernel, batch size and context: one decode step."""
+
+    model: Annotated[str, lambda name, where: one_of(*MODELS)(name, where), "The attention layer (`MODELS`): `MHA`, "
+                     "`GQA` or `MQA` at the config's sizes, or a model family's layer."]
+    kernel: Annotated[str, text(r"[a-z_]+", "a kernel name", 40), "The decode kernel the module ran: `sdpa` or `matmul` "
+                      "(`attention.causal.gqa.DECODE_KERNELS`), or the model's own."]
+    batch: Annotated[int, POSITIVE, "Sequences decoded together: one new token each per step."]
+    context: Annotated[int, integer(), "Positions already in the cache when the step runs (the notation page's "
+                       "`context_length` is the longest a module accepts)."]
+    num_heads: Annotated[int | None, POSITIVE, "Query heads."]
+    num_kv_heads: Annotated[int | None, POSITIVE, "Key/value heads: what the cache holds per position."]
+    head_dim: Annotated[int | None, POSITIVE, "Size of one head."]
+    positions_read: Annotated[int, integer(), "Cached positions the step reads, its own included: `context + 1`, "
+                              "fewer for a sliding window."]
+    tokens_per_s: Annotated[float | None, RATE, "`batch / step time`: new tokens per second, one layer."]
+    cache_bytes_per_token: Annotated[int, BYTES, "Bytes one position takes in one sequence's cache."]
+    cache_bytes_read: Annotated[int | None, BYTES, "`batch * positions_read * cache_bytes_per_token`: cache read."]
+    flops: Annotated[int | None, integer(), "The step's useful FLOPs: `2 * batch * parameters` (the projections) plus "
+                     "`4 * batch * num_heads * positions_read * head_dim` (scores and weighted values)."]
+    weight_bytes: Annotated[int | None, BYTES, "The layer's parameters, read once per step."]
+    bytes_read: Annotated[int | None, BYTES, "`cache_bytes_read + weight_bytes`: what the step must read at least."]
+    gbps: Annotated[float | None, RATE, "`bytes_read / step time`, in GB/s (10^9 bytes)."]
+    bandwidth_gbps_paired: Annotated[float | None, RATE, "A sum's read rate timed beside the row's blocks (median), GB/s."]
+    share_of_paired_bandwidth: Annotated[float | None, SHARE, "`gbps / bandwidth_gbps_paired`: how close the step comes "
+                                         "to reading at the device's rate under the same conditions."]
+    tflops: Annotated[float | None, RATE, "`flops / step time`, TFLOP/s."]
+    share_of_matmul_peak: Annotated[float | None, SHARE, "`tflops / decode.matmul_peak.tflops`: against the run's "
+                                    "matmul rate (a large dense matmul, median of samples)."]
+
+
+def run(config, envelope):
+    config = config.resolve(envelope.device)
+    device, dtype = envelope.device, envelope.dtype
+    rows = sum(len(set(config.kernels) & set(MODELS[name].kernels)) for name in config.models)
+    header = dataclasses.asdict(config) | {key: list(getattr(config, key)) for key in ("models", "contexts", "batches",
+                                                                                         "kernels")}
+    section = envelope.open(NAME, header | {"bandwidth": None, "matmul_peak": None, "rows": []},
+                            rows * len(config.batches) * len(config.contexts))
+    yardstick, samples = core.bandwidth_yardstick(device, dtype, config.bandwidth_bytes), []
+
+    def sample(when):
+        rates = metrics.bandwidth_rate(device, dtype, config.bandwidth_bytes)
+        rates["matmul_tflops"] = metrics.matmul_rate(device, dtype, 2048, min_run_time=0.5)["tflops"]
+        samples.append({"when": when, **rates})
+        envelope.say(f"bandwidth ({when}): read {rates['read_gbps']:.1f} GB/s, copy {rates['copy_gbps']:.1f} GB/s; "
+                     f"matmul {rates['matmul_tflops']:.3f} TFLOP/s")
+
+    sample("start")
+    for name in config.models:
+        model = MODELS[name]
+        for kernel in (kernel for kernel in model.kernels if kernel in config.kernels):
+            torch.manual_seed(config.seed)
+            module, hidden = model.build(config, kernel)
+            module = module.to(device, dtype).eval().requires_grad_(False)
+            x_all = torch.randn(max(config.batches), 1, hidden, generator=torch.Generator().manual_seed(config.seed + 1))
+            for batch in config.batches:
+                for row in kernel_rows(config, (name, model, kernel, module), x_all[:batch].to(device, dtype),
+                                       envelope, yardstick):
+                    envelope.add(section["rows"], row, f"decode {name} {kernel} B={batch} context={row['context']}")
+                core.release(device)
+            del module
+        sample(f"after {name}")
+    section["bandwidth"] = {"bytes": config.bandwidth_bytes, "statistic": "median of samples",
+                            "read_gbps": statistics.median(s["read_gbps"] for s in samples),
+                            "copy_gbps": statistics.median(s["copy_gbps"] for s in samples), "samples": samples}
+    section["matmul_peak"] = {"size": 2048, "statistic": "median of samples",
+                              "tflops": statistics.median(s["matmul_tflops"] for s in samples)}
+    for row in section["rows"]:
+        if row["tflops"] is not None:
+            row["share_of_matmul_peak"] = row["tflops"] / section["matmul_peak"]["tflops"]
+
+
+def kernel_rows(config, subject, x, envelope, yardstick):
+    """Every context's row of one model, kernel and batch size, over one cache of the longest context filled as
+    the contexts grow (random entries through `update`; each step `rewind`s to its context first)."""
+    name, model, kernel, module = subject
+    batch, longest, element = x.shape[0], max(config.contexts), torch.empty((), dtype=envelope.dtype).element_size()
+    shapes = model.entries(module)
+    per_token = sum(math.prod(shape) for shape in shapes) * element
+    base = dict(model=name, kernel=kernel, batch=batch, cache_bytes_per_token=per_token, status="ok",
+                tolerance=metrics.TOLERANCES[envelope.result["dtype"]],
+                **{key: getattr(module, key, None) for key in ("num_heads", "num_kv_heads", "head_dim")})
+    reason = core.over_budget((batch + 1) * (longest + 1) * per_token, config.memory_budget_bytes,
+                              f"a cache (B={batch}, {longest + 1} positions, and batch element 0's copy for the check)")
+    if reason:
+        for context in config.contexts:
+            yield new_row(Row, **base | dict(context=context, positions_read=model.positions_read(module, context),
+                                             status="skipped", reason=reason))
+        return
+    cache, kept, filled = module.new_cache(batch, longest + 1), [[] for _ in shapes], 0
+    generator = torch.Generator().manual_seed(config.seed + 2)
+    for context in config.contexts:
+        cache.rewind(filled)
+        for start in range(filled, context, 256):  # chunks: a chunk's mask is (chunk, positions)
+            chunk = [torch.randn(batch, shape[0], min(256, context - start), *shape[1:], generator=generator)
+                     for shape in shapes]
+            cache.update(*(tensor.to(envelope.device, envelope.dtype) for tensor in chunk))
+            for past, tensor in zip(kept, chunk):
+                past.append(tensor[:1].to(envelope.dtype))  # batch element 0, as the cache holds it
+        filled = context
+        row = new_row(Row, **base, context=context, positions_read=model.positions_read(module, context),
+                      weight_bytes=sum(p.nbytes for p in module.parameters()))
+        row.update(cache_bytes_read=batch * row["positions_read"] * per_token, flops=model.flops(row, element))
+        row["bytes_read"] = row["cache_bytes_read"] + row["weight_bytes"]
+
+        def step(context=context):
+            cache.rewind(context)  # every call sees the same context: it appends position `context` again
+            with torch.no_grad():
+                return module(x, cache=cache)
+
+        def check(out, context=context):
+            cached = [torch.cat(past, dim=2) for past in kept]  # (1, heads, context, *dims)
+            return core.compared(out[0], model.reference(module, x[:1], cached, context), row["tolerance"])
+        try:
+            row.update(core.measure(step, check, envelope.device, config, yardstick))
+            seconds = row["ms_median"] * 1e-3
+            row.update(tokens_per_s=batch / seconds, gbps=row["bytes_read"] / seconds / 1e9,
+                       tflops=row["flops"] / seconds / 1e12)
+            row["share_of_paired_bandwidth"] = row["gbps"] / row["bandwidth_gbps_paired"]
+        except Exception as error:  # noqa: BLE001 - record the failure, keep the run going
+            core.failed(row, error)
+        yield row
+
+
+SECTION = record(field_rules(Config) | {
+    "bandwidth": record({"bytes": POSITIVE, "statistic": one_of("median of samples"), "read_gbps": RATE,
+                         "copy_gbps": RATE, "samples": list_of(record({
+                             "when": text(r"start|after [A-Za-z0-9_.-]+", "start or after <model>"), "read_gbps": RATE,
+                             "copy_gbps": RATE, "matmul_tflops": nullable(RATE)}, optional=("matmul_tflops",)), 200)}),
+    "matmul_peak": nullable(record({"size": POSITIVE, "statistic": one_of("median of samples"), "tflops": RATE})),
+    "rows": list_of(rule_of(Row), MAX_ROWS)})
+
+
+def validate(section, result):
+    """The section's rules, then each row's bytes, rates and shares recomputed from its own numbers."""
+    problems = SECTION(section, NAME) or ([] if section["rows"] else ["decode.rows: none"])
+    element = torch.empty((), dtype=core.DTYPES.get(result["dtype"], torch.float32)).element_size()
+    for index, row in enumerate([] if problems else section["rows"]):
+        where = f"decode.rows[{index}] ({row['model']}, {row['kernel']}, B={row['batch']}, context={row['context']})"
+        if not 0 < row["positions_read"] <= row["context"] + 1:
+            problems.append(f"{where}: positions_read {row['positions_read']} is outside 1 .. context + 1")
+        if row["status"] != "ok":
+            continue
+        if disordered(where, row):
+            problems += disordered(where, row)
+            continue
+        seconds = row["ms_median"] / 1e3
+        expected = {"tokens_per_s": row["batch"] / seconds, "bytes_read": row["cache_bytes_read"] + row["weight_bytes"],
+                    "cache_bytes_read": row["batch"] * row["positions_read"] * row["cache_bytes_per_token"],
+                    "flops": MODELS[row["model"]].flops(row, element), "gbps": row["bytes_read"] / seconds / 1e9,
+                    "share_of_paired_bandwidth": row["gbps"] / row["bandwidth_gbps_paired"],
+                    "tflops": row["flops"] / seconds / 1e12}
+        if section["matmul_peak"]:
+            expected["share_of_matmul_peak"] = row["tflops"] / section["matmul_peak"]["tflops"]
+        problems += mismatches(where, row, expected)
+    return problems
+
+
+def decode_rows(result, batch=None, model=None, kernel=None, context=None):
+    """The measured, correct decode rows of `result` matching the given values."""
+    wanted = {"batch": batch, "model": model, "kernel": kernel, "context": context}
+    return [row for row in (result.get(NAME) or {}).get("rows", []) if row["status"] == "ok" and row["correct"] is True
+            and all(value is None or row[key] == value for key, value in wanted.items())]
+
+
+def decode_best(result, model, batch, context):
+    """The fastest correct row of `model` at `batch` and `context` (any kernel), or None."""
+    return min(decode_rows(result, batch, model, None, context), key=lambda row: row["ms_median"], default=None)
+
+
+def axes(result):
+    rows = result[NAME]["rows"]
+    return (list(dict.fromkeys(r["model"] for r in rows)), list(dict.fromkeys(r["kernel"] for r in rows)),
+            sorted({r["batch"] for r in rows}), sorted({r["context"] for r in rows}))
+
+
+def decode_table(result, batch):
+    """Tokens per second and share of the read bandwidth per model and kernel (rows) and context (columns), at one
+    batch size; skipped or failed rows say so, wrong ones WRONG."""
+    models, kernels, _, contexts = axes(result)
+    cells = {(r["model"], r["kernel"], r["context"]): r for r in result[NAME]["rows"] if r["batch"] == batch}
+
+    def cell(row):
+        if row is None or row["status"] != "ok":
+            return "" if row is None else row["status"]
+        return f"{row['tokens_per_s']:,.0f} tok/s · {row['share_of_paired_bandwidth']:.0%}" if row["correct"] else "WRONG"
+    kv = {r["model"]: r["num_kv_heads"] for r in result[NAME]["rows"]}
+    return table(["Model (K/V heads)", "Kernel"] + [f"{c:,}" for c in contexts],
+                 [[f"{model} ({kv[model]})", f"`{kernel}`"] + [cell(cells.get((model, kernel, c))) for c in contexts]
+                  for model in models for kernel in kernels if any((model, kernel, c) in cells for c in contexts)],
+                 "ll" + "r" * len(contexts))
+
+
+def decode_summary_table(result, contexts=None):
+    """Per batch and model: the fastest kernel's tokens/s and bandwidth share at `contexts` (default all), and the
+    cache bytes per token."""
+    models, _, batches, measured = axes(result)
+    contexts = [c for c in contexts or measured if c in measured]
+    first = {r["model"]: r for r in reversed(result[NAME]["rows"])}
+
+    def cell(best):
+        return "" if best is None else (f"{best['tokens_per_s']:,.0f} tok/s, {best['share_of_paired_bandwidth']:.0%} "
+                                        f"(`{best['kernel']}`)")
+    return table(["Batch", "Model", "K/V heads", "Cache per token"] + [f"{c:,} context" for c in contexts],
+                 [[batch, model, first[model]["num_kv_heads"], f"{first[model]['cache_bytes_per_token'] / 1024:,.0f} KiB"]
+                  + [cell(decode_best(result, model, batch, c)) for c in contexts] for batch in batches for model in models],
+                 "rlrr" + "r" * len(contexts))
+
+
+def plot_decode(result, metric="tokens_per_s"):
+    """`metric` (tokens_per_s or share_of_paired_bandwidth) against context, a panel per batch size, a colour per
+    model, solid for the `matmul` kernel and dashed for the others."""
+    from matplotlib.figure import Figure
+
+    models, kernels, batches, _ = axes(result)
+    fig = Figure(figsize=(5.2 * len(batches), 4.2), layout="constrained")
+    panels = fig.subplots(1, len(batches), squeeze=False)[0]
+    for ax, batch in zip(panels, batches):
+        for color, model in enumerate(models):
+            for kernel in kernels:
+                rows = sorted(decode_rows(result, batch, model, kernel), key=lambda r: r["context"])
+                if rows:
+                    ax.plot([r["context"] for r in rows], [r[metric] * (100 if metric.startswith("share") else 1)
+                                                           for r in rows], "-" if kernel == "matmul" else "--",
+                            marker="o", color=f"C{color}", label=f"{model} ({rows[0]['num_kv_heads']} K/V) {kernel}")
+        ax.set_xscale("log", base=2)
+        if metric == "tokens_per_s":
+            ax.set(yscale="log", ylabel="tokens per second (one layer)")
+        else:
+            ax.set(ylabel="% of measured read bandwidth", ylim=(0, None))
+        ax.set(xlabel="context (cached positions)", title=f"batch {batch}")
+        ax.grid(True, which="both", alpha=0.3)
+    handles, labels = panels[0].get_legend_handles_labels()  # every panel draws the same lines
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(models), fontsize=8)
+    fig.suptitle(f"Decode step, {title_suffix(result)}", fontsize=10)
+    return fig
+
+
+def bandwidth_note(result):
+    bandwidth, matmul = result[NAME]["bandwidth"], result[NAME]["matmul_peak"]
+    reads = [s["read_gbps"] for s in bandwidth["samples"]]
+    return (f"Read bandwidth (a sum over {bandwidth['bytes'] / 2**20:,.0f} MiB, same run): median "
+            f"{bandwidth['read_gbps']:.1f} GB/s of {len(reads)} samples (lowest {min(reads):.1f}, highest "
+            f"{max(reads):.1f}); a copy of the same size: {bandwidth['copy_gbps']:.1f} GB/s counting reads and "
+            f"writes. Each row's share is against the read rate timed beside it."
+            + (f" Matmul rate (2048² {result['dtype']}, same run): {number(matmul['tflops'])} TFLOP/s." if matmul else ""))
+
+
+def charts(result):
+    return {"tokens": (plot_decode(result, "tokens_per_s"), f"decode tokens per second against context, "
+                                                             f"{title_suffix(result)}"),
+            "share": (plot_decode(result, "share_of_paired_bandwidth"), "decode step's share of the measured read "
+                                                                        f"bandwidth against context, {title_suffix(result)}")}
+
+
+def tables(result):
+    return "\n\n".join([bandwidth_note(result), decode_summary_table(result)] + [
+        f"Batch {batch}: tokens per second (one layer) and share of the measured read bandwidth\n\n"
+        + decode_table(result, batch) for batch in axes(result)[2]])
+
+
+def page(result, images):
+    section = result[NAME]
+    return "\n\n".join([
+        f"The fastest kernel per model, {section['num_heads']} query heads of {section['head_dim']} (MHA, GQA, MQA), one "
+        "attention layer; each cell: tokens per second and the share of the read bandwidth measured beside the row:",
+        decode_summary_table(result), *images.values(), bandwidth_note(result)] + [
+        collapsed(f"Batch {batch}: every kernel and context", decode_table(result, batch)) for batch in axes(result)[2]])
