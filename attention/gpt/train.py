@@ -20,8 +20,10 @@ At the end it writes to `--out` (default `attention/gpt/checkpoints/`):
   versions, the CPU, its thread count, the load average before and after (other work on the machine
   slows a run), the SHA-256 of the text, and the training log (every step's loss, every evaluation).
 
-The shipped checkpoint was trained with the defaults under `flock /tmp/heavy.lock` (no other heavy
-job at the same time); its JSON says on what and how long.
+The shipped checkpoint was trained with the defaults and `--threads 1` under `flock /tmp/heavy.lock`
+(no other heavy job at the same time; the machine was still busy with lighter ones, which is why one
+thread: two OpenMP threads sharing two busy cores wait on each other); its JSON says on what, how
+long and under what load.
 """
 
 import argparse
@@ -45,7 +47,7 @@ from attention.registry import IMPLEMENTATIONS
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m attention.gpt.train", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=500, help="optimizer steps (default 500)")
+    parser.add_argument("--steps", type=int, default=400, help="optimizer steps (default 400)")
     parser.add_argument("--batch-size", type=int, default=16, help="windows per step (default 16)")
     parser.add_argument("--context-length", type=int, default=128, help="bytes per window (default 128)")
     parser.add_argument("--d-model", type=int, default=128, help="width of the model (default 128)")
@@ -57,12 +59,15 @@ def parse_args(argv=None):
     parser.add_argument("--eval-every", type=int, default=100, help="steps between validation losses (default 100)")
     parser.add_argument("--eval-windows", type=int, default=64, help="validation windows per evaluation (default 64)")
     parser.add_argument("--log-every", type=int, default=10, help="steps between loss printouts (default 10)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for torch (default: torch's own choice, one per core); on a machine busy with "
+                             "other work, 1 avoids threads waiting on each other")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the batches (default 0)")
     parser.add_argument("--out", type=Path, default=CHECKPOINT_DIR, help=f"folder for the outputs (default {CHECKPOINT_DIR})")
     parser.add_argument("--name", default="tiny_gpt", help="file name of the outputs, without extension (default tiny_gpt)")
     args = parser.parse_args(argv)
-    for name in ("steps", "batch_size", "context_length", "eval_every", "eval_windows", "log_every"):
-        if getattr(args, name) <= 0:
+    for name in ("steps", "batch_size", "context_length", "eval_every", "eval_windows", "log_every", "threads"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.attention not in IMPLEMENTATIONS:
         parser.error(f"--attention must be one of {', '.join(sorted(IMPLEMENTATIONS))}, got {args.attention!r}")
@@ -110,6 +115,8 @@ def learning_rate(step, steps, peak, warmup):
 
 def train(args, command=None):
     """Train as `args` say; return `(model, record)`, the record being what `<name>.json` holds (`command`: the command line)."""
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     load_before = load_average()
     started = time.perf_counter()
     text = training_text()
