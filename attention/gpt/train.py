@@ -81,10 +81,10 @@ class ProgressBar:
     so every printed loss stays readable. (tqdm does this too; one class avoids a dependency.)
     """
 
-    def __init__(self, total, width=30, stream=sys.stderr):
-        self.total, self.width, self.stream = total, width, stream
+    def __init__(self, total, width=30, stream=None):
+        self.total, self.width, self.stream = total, width, sys.stderr if stream is None else stream
         self.start = time.perf_counter()
-        self.in_place = stream.isatty()
+        self.in_place = self.stream.isatty()
 
     def update(self, done, text=""):
         elapsed = time.perf_counter() - self.start
@@ -117,7 +117,7 @@ def train(args, command=None):
     """Train as `args` say; return `(model, record)`, the record being what `<name>.json` holds (`command`: the command line)."""
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    load_before = load_average()
+    load_before, code = load_average(), git_state()  # the code that trains: its state now, not after the run
     started = time.perf_counter()
     text = training_text()
     train_data, validation_data = split(encode(text))
@@ -163,7 +163,7 @@ def train(args, command=None):
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": command,
         "arguments": {name: str(value) if isinstance(value, Path) else value for name, value in vars(args).items()},
-        "git": git_state(), "seed": args.seed, "steps": args.steps, "attention": args.attention,
+        "git": code, "seed": args.seed, "steps": args.steps, "attention": args.attention,
         "config": config.to_dict(), "parameters": sum(p.numel() for p in model.parameters()),
         "tokens_seen": args.steps * args.batch_size * args.context_length,
         "training_s": round(training_s, 1), "wall_s": round(wall_s, 1),
