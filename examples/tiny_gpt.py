@@ -61,7 +61,7 @@ show_source(Block)
 
 # %% tags=["hide-input"]
 load_before, load_after = record["load_average_before"], record["load_average_after"]
-show_table("The training run (from its record)", ["", ""], [
+show_table("The training run (from its record)", ["", "recorded"], [
     ("command", f"`{record['command']}`"),
     ("code", f"commit `{record['git']['commit'][:10]}`" + (" (uncommitted changes)" if record["git"]["dirty"] else "")),
     ("seed, steps, batch", f"{record['seed']}, {record['steps']}, {record['arguments']['batch_size']} windows of "
