@@ -332,8 +332,8 @@ print(f"{len(pairs)} matched bracket pairs in {len(text_windows)} windows of hel
 
 # %% tags=["hide-input"]
 show(plot_heatmaps({f"{pattern} (uniform: {chance[pattern]:.2f})": table for pattern, table in scores.items()},
-                   row_labels=[f"layer {layer}" for layer in range(L_layers)], col_labels=[f"head {h}" for h in range(H)],
-                   xlabel="head", ylabel="layer", value_label="mean attention weight on the pattern's byte (0 to 1)",
+                   row_labels=[f"layer {layer}" for layer in range(L_layers)], col_labels=list(range(H)),
+                   xlabel="head", ylabel="layer", value_label="mean attention weight (0 to 1)",
                    title="What each trained head attends to: measured scores per head", log_scale=False, cell_format="{:.2f}"))
 best = {pattern: divmod(int(table.argmax()), H) for pattern, table in scores.items()}
 show_table("The head that scores highest on each pattern", ["pattern", "head", "score", "uniform head", "ratio"],
@@ -375,7 +375,8 @@ show(fig)
 
 # %%
 capacities = [16, 32, 64, 128]
-layouts = {"this model (4 K/V heads)": None, "grouped-query, 2 K/V heads": 2, "multi-query, 1 K/V head": 1}
+this_model = f"this model ({config.num_heads} K/V heads)"
+layouts = {this_model: None, "grouped-query, 2 K/V heads": 2, "multi-query, 1 K/V head": 1}
 cache_bytes = {}
 for label, kv_heads in layouts.items():
     sized = GPT(GPTConfig(**{**config.to_dict(), "num_kv_heads": kv_heads}), IMPLEMENTATIONS["gqa"])
@@ -393,10 +394,10 @@ ax.set_ylabel("memory (KiB)")
 ax.set_title("KV cache memory of the tiny GPT against length (float32)")
 ax.legend()
 show(fig)
-per_position = cache_bytes["this model (4 K/V heads)"][-1] / capacities[-1]
+per_position = cache_bytes[this_model][-1] / capacities[-1]
 show_markdown(f"This model's caches hold {per_position:,.0f} bytes per position "
               f"({config.num_layers} blocks x 2 (keys, values) x {config.num_heads} heads x {config.d_model // config.num_heads} "
-              f"features x 4 bytes): {cache_bytes['this model (4 K/V heads)'][-1] / 2**10:,.0f} KiB at its full context of "
-              f"{capacities[-1]} bytes, {cache_bytes['this model (4 K/V heads)'][-1] / weight_bytes:.0%} of its "
+              f"features x 4 bytes): {cache_bytes[this_model][-1] / 2**10:,.0f} KiB at its full context of "
+              f"{capacities[-1]} bytes, {cache_bytes[this_model][-1] / weight_bytes:.0%} of its "
               f"{weight_bytes / 2**20:.1f} MiB of weights. The cache grows with the length and with the batch, the weights "
               f"do not: for a large model serving long contexts, the cache is what fills the memory.")
