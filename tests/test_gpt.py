@@ -208,3 +208,15 @@ def test_training_arguments_are_checked(capsys):
     with pytest.raises(SystemExit):
         train_main(["--attention", "nope"])
     assert "--attention must be one of" in capsys.readouterr().err
+
+
+def test_the_model_file_imports_only_torch_and_the_standard_library():
+    import ast
+    import sys
+
+    from attention.gpt import model as model_module
+
+    tree = ast.parse(open(model_module.__file__, encoding="utf-8").read())
+    roots = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    roots |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert roots - {"torch"} <= set(sys.stdlib_module_names), f"model.py must stay copyable: it imports {sorted(roots)}"
