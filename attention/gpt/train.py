@@ -20,10 +20,9 @@ At the end it writes to `--out` (default `attention/gpt/checkpoints/`):
   versions, the CPU, its thread count, the load average before and after (other work on the machine
   slows a run), the SHA-256 of the text, and the training log (every step's loss, every evaluation).
 
-The shipped checkpoint was trained with the defaults and `--threads 1` under `flock /tmp/heavy.lock`
-(no other heavy job at the same time; the machine was still busy with lighter ones, which is why one
-thread: two OpenMP threads sharing two busy cores wait on each other); its JSON says on what, how
-long and under what load.
+The shipped checkpoint was trained with the defaults and `--threads 1` on a 2-core machine shared with
+other work (one thread, because two OpenMP threads sharing two busy cores wait on each other); its
+JSON says on what, how long and under what load (the load averages before and after the run).
 """
 
 import argparse
