@@ -46,7 +46,7 @@ from attention.registry import IMPLEMENTATIONS
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m attention.gpt.train", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=400, help="optimizer steps (default 400)")
+    parser.add_argument("--steps", type=int, default=1500, help="optimizer steps (default 1500)")
     parser.add_argument("--batch-size", type=int, default=16, help="windows per step (default 16)")
     parser.add_argument("--context-length", type=int, default=128, help="bytes per window (default 128)")
     parser.add_argument("--d-model", type=int, default=128, help="width of the model (default 128)")
