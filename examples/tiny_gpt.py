@@ -331,7 +331,7 @@ chance["induction"] = (1 / (second + 1).double()).mean().item()
 print(f"{len(pairs)} matched bracket pairs in {len(text_windows)} windows of held-out text")
 
 # %% tags=["hide-input"]
-show(plot_heatmaps({f"{pattern} (uniform: {chance[pattern]:.2f})": table for pattern, table in scores.items()},
+show(plot_heatmaps({f"{pattern}\n(uniform head: {chance[pattern]:.2f})": table for pattern, table in scores.items()},
                    row_labels=[f"layer {layer}" for layer in range(L_layers)], col_labels=list(range(H)),
                    xlabel="head", ylabel="layer", value_label="mean attention weight (0 to 1)",
                    title="What each trained head attends to: measured scores per head", log_scale=False, cell_format="{:.2f}"))
