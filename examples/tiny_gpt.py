@@ -348,21 +348,23 @@ show_markdown(
        f"steps need not learn them)." if weak else ""))
 
 # %% [markdown]
-# The heads with the highest score for each pattern, on a sentence from the held-out text (each row:
-# a query byte; each column: a byte it may attend to; `␣` a space, `⏎` a newline):
+# The best-scoring head of each pattern found above (each at least three times the uniform score;
+# of every pattern if none is), on a line of Python (each row: a query byte; each column: a byte it
+# may attend to; `␣` a space, `⏎` a newline):
 
 # %%
-sentence = data.encode("print(len([x for x in range(10)]))\n")[None]  # (1, T)
+sentence = data.encode("print(len([x for x in range(10)]))\n")[None]  # (1, T): brackets inside brackets
 sentence_maps = attention_maps(sentence)[:, 0]  # (layers, H, T, T)
-chosen = list(dict.fromkeys(best.values()))  # the best head of each pattern, each head once
+chosen = list(dict.fromkeys(best[pattern] for pattern in (strong or best)))  # the best head of each pattern found, each once
 labels = [{" ": "␣", "\n": "⏎"}.get(chr(byte), chr(byte)) for byte in sentence[0].tolist()]
 
 # %% tags=["hide-input"]
 fig = plot_attention_weights(torch.stack([sentence_maps[layer, head] for layer, head in chosen]), ncols=2,
                              title="Attention weights of the best-scoring heads", tokens=labels)
 for ax, (layer, head) in zip(fig.axes, chosen):
-    patterns = [pattern for pattern, where in best.items() if where == (layer, head)]
-    ax.set_title(f"layer {layer}, head {head}: best at {', '.join(patterns)}", fontsize="medium")
+    patterns = [f"{pattern} ({scores[pattern][layer, head] / chance[pattern]:.1f}x uniform)"
+                for pattern in (strong or best) if best[pattern] == (layer, head)]
+    ax.set_title(f"layer {layer}, head {head}: {', '.join(patterns)}", fontsize="medium")
 show(fig)
 
 # %% [markdown]
