@@ -284,3 +284,64 @@ def reference_causal_self_attention(x, state, num_heads, position_encoding=None)
     elif position_encoding is not None:
         raise ValueError(f"position_encoding must be None, 'alibi' or 'rope', got {position_encoding!r}")
     return reference_attention(x, x, x, state, num_heads, mask=causal_mask, attn_bias=attn_bias, rope_base=rope_base)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The reference as a causal self-attention module (appended for attention/gpt: a whole model in float64)
+# ---------------------------------------------------------------------------------------------------------
+
+
+class ReferenceCausalSelfAttention(torch.nn.Module):
+    """`reference_causal_self_attention` as a module of the causal family, in float64.
+
+    The family's constructor (`attention.causal.CausalSelfAttention`, plus the grouped-query keyword
+    `num_kv_heads`) and canonical state dict; its parameters are the canonical weights themselves, in
+    float64. `forward(x)` `(B, T, d_in)` -> `(B, T, d_out)` float64, and keeps the attention weights
+    `(B, H, T, T)` of the call in `attn_weights`. Dropped into a model in place of an implementation (a
+    model in float64: `attention.gpt`), it gives the model's float64 reference. For RoPE or ALiBi, take
+    `reference_attention_class(position_encoding)`.
+    """
+
+    position_encoding = None
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False, *, num_kv_heads=None):
+        super().__init__()
+        if dropout != 0:
+            raise ValueError(f"the reference has no dropout: dropout must be 0.0, got dropout={dropout}")
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        kv_dim = num_kv_heads * (d_out // num_heads)
+        self.num_heads, self.context_length = num_heads, context_length
+        linear = dict(dtype=torch.float64)
+        self.query = torch.nn.Linear(d_in, d_out, bias=qkv_bias, **linear)
+        self.key = torch.nn.Linear(d_in, kv_dim, bias=qkv_bias, **linear)
+        self.value = torch.nn.Linear(d_in, kv_dim, bias=qkv_bias, **linear)
+        self.out = torch.nn.Linear(d_out, d_out, **linear)
+        self.attn_weights = None
+
+    def forward(self, x):
+        out, self.attn_weights = reference_causal_self_attention(x, self.state_dict(), self.num_heads, self.position_encoding)
+        return out  # (B, T, d_out) float64
+
+    def canonical_state_dict(self):
+        return {name: tensor.detach().clone() for name, tensor in self.state_dict().items()}
+
+    def load_canonical_state_dict(self, state):
+        """Load canonical weights (any float dtype, kept in float64); `ValueError` naming missing, unexpected or
+        misshapen keys."""
+        expected = {name: tuple(tensor.shape) for name, tensor in self.state_dict().items()}
+        wrong = sorted(set(expected) ^ set(state)) + sorted(
+            f"{name} {tuple(state[name].shape)} (expected {shape})" for name, shape in expected.items()
+            if name in state and tuple(state[name].shape) != shape)
+        if wrong:
+            raise ValueError(f"canonical state dict does not fit the reference module: {', '.join(wrong)}")
+        self.load_state_dict({name: tensor.to(torch.float64) for name, tensor in state.items()})
+
+
+def reference_attention_class(position_encoding=None):
+    """`ReferenceCausalSelfAttention`, or its subclass applying `"rope"` or `"alibi"` like the classes that do."""
+    if position_encoding is None:
+        return ReferenceCausalSelfAttention
+    if position_encoding not in ("rope", "alibi"):
+        raise ValueError(f"position_encoding must be None, 'alibi' or 'rope', got {position_encoding!r}")
+    return type(f"Reference{position_encoding.title()}CausalSelfAttention", (ReferenceCausalSelfAttention,),
+                {"position_encoding": position_encoding})
