@@ -608,7 +608,10 @@ def _guide(ax, series, power, label, scale=1.0, linestyle="--"):
     at_longest = [points[-1][1] for points in series.values() if points[-1][0] == longest and points[-1][1] > 0]
     if at_longest:
         anchor = math.exp(sum(math.log(v) for v in at_longest) / len(at_longest)) * scale
-        lengths = [min(points[0][0] for points in series.values()), longest]
+        # Start where the guide reaches the lowest measured value, not below the data.
+        lowest = min(v for points in series.values() for _, v in points if v > 0)
+        shortest = min(points[0][0] for points in series.values())
+        lengths = [max(shortest, longest * (lowest / anchor) ** (1 / power)), longest]
         ax.plot(lengths, [anchor * (t / longest) ** power for t in lengths], color="k", linestyle=linestyle,
                 linewidth=1, alpha=0.6, label=label)
 
