@@ -173,10 +173,10 @@ print(f"max |labml layout - reference with the permuted mask| = {difference:.1e}
 # %% [markdown]
 # ## Pitfalls
 #
-# **The softmax must run over the keys.** The widely copied einsum version computed the
-# `(B, H, T, S)` scores correctly and then called `softmax(scores, dim=1)`: dimension 1 is the
-# *heads*. Each weight was then normalised across heads instead of across keys. Nothing fails,
-# the shapes are all right, and the output is wrong:
+# **The softmax must run over the keys.** An easy slip computes the `(B, H, T, S)` scores
+# correctly and then calls `softmax(scores, dim=1)`: dimension 1 is the *heads*. Each weight is
+# then normalised across heads instead of across keys. Nothing fails, the shapes are all right,
+# and the output is wrong:
 
 # %%
 with torch.no_grad():
