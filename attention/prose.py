@@ -29,9 +29,11 @@ def ratio_words(value, reference, within=ABOUT_THE_SAME):
     return ("more" if ratio > 1 else "less"), ratio
 
 
-def times(ratio):
-    """`2.0` -> "2.0x", `0.5` -> "0.50x": two significant digits."""
-    return f"{ratio:.1f}x" if ratio >= 1 else f"{ratio:.2f}x"
+def times(ratio, sign="x"):
+    """A factor in words: `2.0` -> "2.0x", `0.5` -> "0.50x", `0.005` -> "0.005x" (never "0.00x")."""
+    if ratio >= 1:
+        return f"{ratio:.1f}{sign}"
+    return f"{ratio:.2f}{sign}" if ratio >= 0.1 else f"{ratio:.2g}{sign}"
 
 
 def file_label(name, stale):
@@ -135,14 +137,15 @@ def bf16_pieces_sentence(speed):
         kind, _ = ratio_words(value, 1.0, within=0.05)
         return {"about the same": "about as fast", "more": "faster", "less": "slower"}[kind]
 
-    return (f"In bfloat16, measured now: the large matmul runs at {speed['matmul']:.2f}× its float32 speed "
-            f"({word(speed['matmul'])}), the projections at {speed['projections']:.2f}× ({word(speed['projections'])}) "
-            f"and the weights times `V` at {speed['weights_v']:.2f}× ({word(speed['weights_v'])}). SDPA's fused "
-            f"kernel, which never writes the scores out, runs at {speed['sdpa']:.2f}× ({word(speed['sdpa'])}). "
-            f"The steps that move the `(B, H, T, T)` scores through memory, with half the bytes per element, run at "
-            f"{speed['mask']:.2f}× (the mask) and {speed['softmax']:.2f}× (the softmax), and `Q Kᵀ`, a matmul whose "
-            f"output is those scores, at {speed['scores']:.2f}×. The written-out core as a whole runs at "
-            f"{speed['written_out']:.2f}× ({word(speed['written_out'])}).")
+    def at(piece):
+        return f"{times(speed[piece], '×')} ({word(speed[piece])})"
+
+    return (f"In bfloat16, measured now: the large matmul runs at {at('matmul')} its float32 speed, the projections "
+            f"at {at('projections')} and the weights times `V` at {at('weights_v')}. SDPA's fused kernel, which never "
+            f"writes the scores out, runs at {at('sdpa')}. The steps that move the `(B, H, T, T)` scores through "
+            f"memory, with half the bytes per element, run at {at('mask')} (the mask) and {at('softmax')} (the "
+            f"softmax), and `Q Kᵀ`, a matmul whose output is those scores, at {at('scores')}. The written-out core as "
+            f"a whole runs at {at('written_out')}.")
 
 
 def bf16_conclusion(projection_speed, elementwise_speed, amx):
@@ -182,7 +185,7 @@ def bf16_classes_sentence(run_labels, mode_title, groups):
         speeds = sorted(groups.get(kind, ()))
         if not speeds:
             continue
-        span = f"{speeds[0]:.2f}×" if len(speeds) == 1 else f"{speeds[0]:.2f}× to {speeds[-1]:.2f}×"
+        span = times(speeds[0], "×") if len(speeds) == 1 else f"{times(speeds[0], '×')} to {times(speeds[-1], '×')}"
         count = f"the {len(speeds)} classes" if len(speeds) > 1 else "the class"
         parts.append(f"{count} {what} at {span}")
     return f"In the recorded runs {names} ({mode_title}): " + ", ".join(parts) + " their float32 speed."

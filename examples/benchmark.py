@@ -54,10 +54,10 @@ build_result = os.environ.get("ATTENTION_BENCH_QUICK_RESULT")
 if build_result:
     result = render.load_result(build_result)
     if result["config"]["profile"] == "quick":
-        print(f"the quick run of this docs build: {len(result['rows'])} rows, {result['provenance']['duration_s']} s")
+        print(f"the quick run measured for this site: {len(result['rows'])} rows in {result['provenance']['duration_s']:.0f} s")
     else:
-        print(f"not the quick profile: mkdocs serve found no quick run for the current sources, so this preview "
-              f"shows the recorded run {os.path.basename(build_result)} ({result['config']['profile']} profile)")
+        print(f"a preview without a quick run: this page shows the recorded run {os.path.basename(build_result)} "
+              f"({result['config']['profile']} profile)")
 else:
     started = time.perf_counter()
     result = run_benchmark(quick_config(device="cpu"), progress=False, argv=["python", "-m", "attention.bench", "--quick"])

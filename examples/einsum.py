@@ -259,7 +259,8 @@ lengths = [t for t in result["config"]["seq_lens"] if all((name, "forward", t) i
 ratios = {name: [sweep[(name, "forward", t)] / sweep[("split_heads", "forward", t)] for t in lengths] for name in ("einsum", "seq_first")}
 show_markdown(
     f"Forward pass, batch {result['config']['sweep_batch']}, T = {', '.join(map(str, lengths))} "
-    f"({result['provenance']['device']['name']}, {result['dtype']}): `einsum` takes "
+    f"(`docs/results/cpu-intel-xeon-2c-float32.json`: {result['provenance']['device']['name']}, {result['dtype']}"
+    + (", recorded with older sources than these" if render.is_stale(result) else "") + "): `einsum` takes "
     f"{min(ratios['einsum']):.2f} to {max(ratios['einsum']):.2f} times the median time of `split_heads`, "
     f"`seq_first` {min(ratios['seq_first']):.2f} to {max(ratios['seq_first']):.2f} times; at T = {lengths[-1]}: "
     f"{ratios['einsum'][-1]:.2f} and {ratios['seq_first'][-1]:.2f}.")

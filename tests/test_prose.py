@@ -67,15 +67,17 @@ def test_bf16_pieces_sentence_says_faster_or_slower_per_piece():
               "weights_v": 0.4, "written_out": 0.8}
     amd = prose.bf16_pieces_sentence(speeds)
     xeon = prose.bf16_pieces_sentence({key: 8.0 if key in ("matmul", "projections") else 1.5 for key in speeds})
-    assert "at 0.30× its float32 speed (slower)" in amd and "1.60× (the mask)" in amd
-    assert "at 8.00× its float32 speed (faster)" in xeon and "(slower)" not in xeon
+    assert "at 0.30× (slower) its float32 speed" in amd and "1.6× (faster) (the mask)" in amd
+    assert "at 8.0× (faster) its float32 speed" in xeon and "(slower)" not in xeon
+    tiny = prose.bf16_pieces_sentence(dict(speeds, matmul=0.005))
+    assert "at 0.005× (slower)" in tiny and "0.00×" not in tiny
 
 
 def test_bf16_classes_sentence_counts_each_kind_of_kernel():
     sentence = prose.bf16_classes_sentence(["`a.json`", "`b.json` (stale)"], "forward",
                                            {"fused": [0.7, 0.9], "tiled": [1.1], "written out": [0.5, 0.6, 0.8]})
     assert "the 2 classes on fused kernels at 0.70× to 0.90×" in sentence
-    assert "the class on tiles (`tiled`) at 1.10×" in sentence
+    assert "the class on tiles (`tiled`) at 1.1×" in sentence
     assert "the 3 classes that write out the scores at 0.50× to 0.80×" in sentence
     assert "`b.json` (stale)" in sentence
 
