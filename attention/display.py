@@ -79,23 +79,24 @@ def _table_cell(text):
     return "`".join(part if i % 2 else part.replace("|", "\\|") for i, part in enumerate(parts))
 
 
-def show_shape(label, tensor, letters, width=48):
-    """Print one line of a shape walk-through: a label, the tensor's shape and its shape in letters.
+def show_shape(label, tensor, letters):
+    """Print one line of a shape walk-through: the tensor's shape, its shape in letters, then a label.
 
-        q = query(x).view(B, T, H, D).transpose(1, 2)    (2, 2, 4, 2)     (B, H, T, D)
+        (2, 2, 4, 2)     (B, H, T, D)             q = query(x).view(B, T, H, D).transpose(1, 2)
 
-    Plain text in a notebook too: the lines printed by one cell form one aligned, monospaced block,
-    where a rich output per line would break them into separate blocks.
+    The shapes come first, in columns of fixed width, and the label (often a long expression) last: on
+    a narrow screen the shapes stay in view and only the label runs past the edge. Plain text in a
+    notebook too: the lines printed by one cell form one aligned, monospaced block, where a rich
+    output per line would break them into separate blocks.
 
     Args:
-        label: the expression or name, left-aligned in a column of `width` characters.
+        label: the expression or name.
         tensor: anything with a `.shape` (a tensor, a FlexAttention `BlockMask`).
         letters: the shape in the notation of the docs, e.g. `"(B, H, T, D)"`.
-        width: the label column's width; a longer label pushes its line's columns to the right.
     """
-    # The default fits the longest label of the examples, so their pages share one layout; a shape
-    # column of 16 holds a 5-D shape such as (2, 4, 3, 2, 2).
-    print(f"{label:<{width}} {str(tuple(tensor.shape)):<16} {letters}")
+    # A shape column of 16 holds a 5-D shape such as (2, 4, 3, 2, 2); a letters column of 24 the longest
+    # letters of the examples, such as (B, H_kv, capacity, D). Longer entries push the rest of the line.
+    print(f"{str(tuple(tensor.shape)):<16} {letters:<24} {label}")
 
 
 def _ipython_display():

@@ -31,6 +31,8 @@ MAX_LABELLED_CELLS = 16
 # A figure inch is this many CSS pixels on the page; the PNG holds PIXEL_RATIO device pixels per CSS pixel.
 CSS_DPI = 96
 PIXEL_RATIO = 2
+# The lowest weight a log-scale weight map tells apart; smaller weights share its colour.
+LOG_SCALE_FLOOR = 1e-3
 # Inches: 960 CSS pixels, about the text column of the site on a wide screen.
 MAX_FIGURE_WIDTH = 10.0
 
@@ -88,7 +90,7 @@ def plot_mask(mask, q_len=None, kv_len=None, title=None, batch_index=0, head_ind
     return fig
 
 
-def plot_masks(masks, q_len=None, kv_len=None, ncols=3, title="Attention masks"):
+def plot_masks(masks, q_len=None, kv_len=None, ncols=3, title="Attention masks", q_offset=0):
     """Draw several masks side by side, one panel each.
 
     Args:
@@ -97,19 +99,28 @@ def plot_masks(masks, q_len=None, kv_len=None, ncols=3, title="Attention masks")
         kv_len: Tk for predicates; defaults to `q_len`.
         ncols: panels per row.
         title: figure title.
+        q_offset: the position of the first query, for queries that come after cached keys (a chunk
+            of 5 queries after 10 cached positions: `q_offset=10`, ticks `Q10...Q14`). Tensors only:
+            a predicate is drawn from query 0.
 
     Returns:
         A Figure with `len(masks)` mask axes and one shared colour bar.
     """
     if not isinstance(masks, dict) or not masks:
         raise ValueError(f"masks must be a non-empty dict from title to mask, got masks={masks!r}")
+    check_int("q_offset", q_offset, minimum=0)
+    if q_offset and any(callable(mask) for mask in masks.values()):
+        raise ValueError(f"q_offset={q_offset} labels tensor masks only; a predicate is drawn from query 0")
     matrices = {name: mask_matrix(mask, q_len, kv_len, 0, 0)[1] for name, mask in masks.items()}
     cell_shape = next(iter(matrices.values())).shape
     nrows, ncols = grid_shape(len(matrices), ncols, cell_shape)
     fig = new_figure(nrows, ncols, cell_shape)
     axes = [fig.add_subplot(nrows, ncols, index + 1) for index in range(len(matrices))]
     for ax, (name, matrix) in zip(axes, matrices.items()):
-        image = draw_mask(ax, matrix)
+        q_labels = [f"Q{q_offset + i}" for i in range(matrix.shape[0])] if q_offset else None
+        image = draw_mask(ax, matrix, q_labels=q_labels)
+        if q_offset:
+            ax.set_ylabel("query position i (tokens)")
         ax.set_title(f"{name}\ndensity {matrix.float().mean().item():.2f}", fontsize="medium")
     outer_labels(axes, ncols)
     fig.suptitle(title)
@@ -206,7 +217,8 @@ def plot_alibi(num_heads=8, seq_len=16, causal=True, ncols=4, title=None):
     return fig
 
 
-def plot_attention_weights(weights, ncols=4, title="Attention weights per head", tokens=None, mask=None):
+def plot_attention_weights(weights, ncols=4, title="Attention weights per head", tokens=None, mask=None,
+                           log_scale=False, head_titles=None):
     """Heat maps of attention weights `(H, Tq, Tk)`, one panel per head (e.g. `weights[0]` of a batch).
 
     Args:
@@ -217,6 +229,9 @@ def plot_attention_weights(weights, ncols=4, title="Attention weights per head",
             pair `(query_tokens, key_tokens)`. Without it the ticks are `Q0...`/`KV0...` when small.
         mask: the boolean mask the weights were computed under (True = attend), `(Tq, Tk)` or
             `(B, H, Tq, Tk)` (batch 0, head 0 is drawn), or a mask predicate; drawn as the first panel.
+        log_scale: colours on a log scale from `LOG_SCALE_FLOOR` to 1, so weights that differ by
+            factors far below the largest weight stay apart (a linear scale draws them all near black).
+        head_titles: one title per head (default "head h").
 
     Returns:
         A Figure with `H` weight axes (plus the mask's) and their colour bars.
@@ -239,13 +254,24 @@ def plot_attention_weights(weights, ncols=4, title="Attention weights per head",
         image = draw_mask(mask_ax, matrix, q_labels, kv_labels)
         mask_ax.set_title("the mask (dark = attend)", fontsize="medium")
         mask_colorbar(fig, image, [mask_ax])
+    if head_titles is not None and len(head_titles) != num_heads:
+        raise ValueError(f"head_titles must name the {num_heads} heads, got {len(head_titles)} titles")
+    if log_scale:
+        from matplotlib import colormaps
+        from matplotlib.colors import LogNorm
+
+        # Masked pairs (weight 0) are off the log scale: drawn in the colour of the lowest weights.
+        scale = dict(cmap=colormaps["magma"].with_extremes(bad="black", under="black"),
+                     norm=LogNorm(vmin=LOG_SCALE_FLOOR, vmax=1.0))
+    else:
+        scale = dict(cmap="magma", vmin=0.0, vmax=1.0)
     for head, ax in enumerate(axes):
-        image = draw_matrix(ax, weights[head], q_labels, kv_labels, cmap="magma", vmin=0.0, vmax=1.0)
-        ax.set_title(f"head {head}", fontsize="medium")
+        image = draw_matrix(ax, weights[head], q_labels, kv_labels, **scale)
+        ax.set_title(head_titles[head] if head_titles is not None else f"head {head}", fontsize="medium")
     outer_labels(all_axes, ncols)
     fig.suptitle(title)
     colorbar = fig.colorbar(image, ax=axes)
-    colorbar.set_label("attention weight (rows sum to 1)")
+    colorbar.set_label("attention weight (rows sum to 1" + (", log scale)" if log_scale else ")"))
     return fig
 
 

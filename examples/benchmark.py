@@ -34,6 +34,7 @@
 import os
 import time
 
+from attention import prose
 from attention.bench import quick_config, render, run_benchmark
 from attention.display import show, show_markdown
 
@@ -53,10 +54,10 @@ build_result = os.environ.get("ATTENTION_BENCH_QUICK_RESULT")
 if build_result:
     result = render.load_result(build_result)
     if result["config"]["profile"] == "quick":
-        print(f"the quick run of this docs build: {len(result['rows'])} rows, {result['provenance']['duration_s']} s")
+        print(f"the quick run measured for this site: {len(result['rows'])} rows in {result['provenance']['duration_s']:.0f} s")
     else:
-        print(f"not the quick profile: mkdocs serve found no quick run for the current sources, so this preview "
-              f"shows the recorded run {os.path.basename(build_result)} ({result['config']['profile']} profile)")
+        print(f"a preview without a quick run: this page shows the recorded run {os.path.basename(build_result)} "
+              f"({result['config']['profile']} profile)")
 else:
     started = time.perf_counter()
     result = run_benchmark(quick_config(device="cpu"), progress=False, argv=["python", "-m", "attention.bench", "--quick"])
@@ -84,8 +85,10 @@ show(render.plot_bars(result))
 # %% [markdown]
 # ## Against sequence length
 #
-# Time and memory of one call, log-log. Implementations that build the `(T, T)` score matrix grow
-# like T² in memory; the fused kernels (SDPA's flash kernel, FlexAttention) grow like T.
+# Time and memory of one call, log-log. An implementation that builds the `(T, T)` score matrix
+# needs memory that grows like T² once the scores outweigh the fixed costs (weights, inputs); a
+# fused kernel (SDPA's flash kernel, FlexAttention's forward) works through blocks of keys and needs
+# memory like T. How each class grew in this run is written under the charts.
 
 # %% tags=["hide-input"]
 show(render.plot_time_vs_seq_len(result, "forward"))
@@ -95,6 +98,14 @@ show(render.plot_memory_vs_seq_len(result, "forward"))
 
 # %% tags=["hide-input"]
 show_markdown(render.sweep_table(result, "forward", "ms_median"))
+lengths = sorted(result["config"]["seq_lens"])
+memory_at = {(row["label"], row["seq_len"]): row["peak_memory_bytes"] for row in render.sweep_rows(result, "forward")
+             if row["status"] == "ok" and row["peak_memory_bytes"]}
+grown = {label: (memory_at[label, lengths[-2]], memory_at[label, lengths[-1]])
+         for label in ("split_heads", "sdpa_causal", "flex", "tiled")
+         if (label, lengths[-2]) in memory_at and (label, lengths[-1]) in memory_at}
+if len(lengths) > 1 and grown:
+    show_markdown(prose.memory_growth_sentence("this run", lengths[-2], lengths[-1], grown))
 
 # %% [markdown]
 # ## Recorded runs
@@ -149,9 +160,12 @@ for entry in stability:
                   f"and {max(abs(r['run_level'][0] - r['run_level'][1]) for r in entry['rows']) * 100:.0f} run-level.")
 run_level_rates = [run["matmul_peak"]["tflops"] for run in (first, second)]
 paired_range = [first["matmul_peak"]["paired"][key] for key in ("lowest_tflops", "highest_tflops")]
-show_markdown(f"The two runs' run-level matmul rates were {render.number(run_level_rates[0])} and "
-              f"{render.number(run_level_rates[1])} TFLOP/s, {abs(run_level_rates[0] / run_level_rates[1] - 1):.0%} "
-              f"apart, so here both yardsticks give nearly the same shares. The paired one is what keeps a share "
+rates_kind, _ = prose.ratio_words(run_level_rates[0], run_level_rates[1], within=0.05)
+show_markdown(f"The two runs' run-level matmul rates (`{first_path.name}` and `{second_path.name}`) were "
+              f"{render.number(run_level_rates[0])} and {render.number(run_level_rates[1])} TFLOP/s, "
+              f"{abs(run_level_rates[0] / run_level_rates[1] - 1):.0%} apart, so here both yardsticks give "
+              + ("nearly the same shares" if rates_kind == "about the same" else "different shares")
+              + ". The paired one is what keeps a share "
               f"put when the machine's speed does move: within run 1, the matmul timed beside the rows ran from "
               f"{render.number(paired_range[0])} to {render.number(paired_range[1])} TFLOP/s.")
 show_markdown(render.share_stability_table(first, second))
@@ -162,14 +176,17 @@ show_markdown(render.share_stability_table(first, second))
 # the CPU-share column of the provenance flags rows measured on a contended CPU.
 
 # %% [markdown]
-# ## bfloat16 on this CPU
+# ## bfloat16 on a CPU
 #
 # The [Benchmarks](../../benchmarks/#bfloat16-against-float32) page compares the recorded float32
-# and bfloat16 runs class by class. To see why some classes gain and others lose, time the pieces
-# every class is made of, in both dtypes, at the recorded runs' headline shape, on the machine
-# building this page: the projections (one `(B·T, d_model) @ (d_model, 3·d_model)` matmul), the
-# attention core through SDPA's fused kernel, and the four steps of the written-out core (`Q Kᵀ`,
-# the causal mask, the softmax over the `(B, H, T, T)` scores, and the weights times `V`).
+# and bfloat16 runs class by class. Whether bfloat16 makes a CPU faster depends first on whether
+# the CPU can multiply bfloat16 numbers: Intel's AMX tile units (Sapphire Rapids and later) and
+# AVX-512 BF16 do; a CPU with neither widens each bfloat16 number to float32 before it multiplies.
+# To see why some classes gain and others lose, time the pieces every class is made of, in both
+# dtypes, at the recorded runs' headline shape, on the machine building this page: the projections
+# (one `(B·T, d_model) @ (d_model, 3·d_model)` matmul), the attention core through SDPA's fused
+# kernel, and the four steps of the written-out core (`Q Kᵀ`, the causal mask, the softmax over the
+# `(B, H, T, T)` scores, and the weights times `V`).
 
 # %% tags=["hide-input"]
 import sys
@@ -198,6 +215,7 @@ def onednn_primitives(call):
     return sorted({line.split(",")[6] for line in lines if line.startswith("onednn_verbose") and ",exec," in line})
 
 
+SLOW_CALL_S = 1.0  # a piece whose first call takes longer is timed by that call alone
 recorded = render.load_result(render.RESULTS_DIR / "cpu-intel-xeon-2c-float32.json")["config"]
 B, T, C, H = recorded["batch"], recorded["seq_len"], recorded["d_model"], recorded["num_heads"]  # the headline shape
 generator = torch.Generator().manual_seed(0)
@@ -218,52 +236,97 @@ for dtype in (torch.float32, torch.bfloat16):
         "written-out core: weights @ V": lambda: scores @ v,
     }
     for piece, call in calls.items():  # timed now: the lambdas read this iteration's tensors
-        timing = metrics.time_callable(call, "cpu", metrics.Timing(0.3, 3, 0.05))
-        pieces.setdefault(piece, {})[dtype] = (timing["ms_median"], call)  # bfloat16's calls are probed below
+        # The first call, timed (and, in bfloat16, logged by oneDNN): a CPU without bfloat16 instructions can
+        # take a minute for one bfloat16 matmul, and then that one call is the measurement.
+        started = time.perf_counter()
+        kernels = onednn_primitives(call) if dtype == torch.bfloat16 else []
+        first_s = time.perf_counter() - started
+        if first_s > SLOW_CALL_S:
+            pieces.setdefault(piece, {})[dtype] = (first_s * 1e3, True, kernels)
+        else:
+            timing = metrics.time_callable(call, "cpu", metrics.Timing(0.3, 3, 0.05), warm=(first_s, first_s))
+            pieces.setdefault(piece, {})[dtype] = (timing["ms_median"], False, kernels)
 rows = []
 for piece, timings in pieces.items():
-    fp32_ms, bf16_ms = timings[torch.float32][0], timings[torch.bfloat16][0]
-    kernels = onednn_primitives(timings[torch.bfloat16][1])
-    rows.append((piece, f"{fp32_ms:.3g}", f"{bf16_ms:.3g}", f"{fp32_ms / bf16_ms:.2f}×",
-                 ", ".join(f"`{kernel}`" for kernel in kernels) or "none (not oneDNN)"))
+    (fp32_ms, fp32_once, _), (bf16_ms, bf16_once, kernels) = timings[torch.float32], timings[torch.bfloat16]
+    rows.append((piece, render.number(fp32_ms) + (" (one call)" if fp32_once else ""),
+                 render.number(bf16_ms) + (" (one call)" if bf16_once else ""), prose.times(fp32_ms / bf16_ms, "×"),
+                 ", ".join(f"`{kernel}`" for kernel in kernels if kernel) or "none (not oneDNN)"))
 show_markdown(f"B = {B}, T = {T}, d_model {C}, {H} heads; bf16 speed = float32 ms / bfloat16 ms (above 1: "
               "bfloat16 is faster).\n\n| piece | float32 ms | bfloat16 ms | bf16 speed | oneDNN primitive in bfloat16 |\n"
               "|---|--:|--:|--:|---|\n" + "\n".join("| " + " | ".join(row) + " |" for row in rows))
 ms = {piece: {dtype: timing[0] for dtype, timing in timings.items()} for piece, timings in pieces.items()}
+if any(once for timings in pieces.values() for _, once, _ in timings.values()):
+    show_markdown(f"(one call): a piece whose first call took over {SLOW_CALL_S:g} s is timed by that call alone.")
 speed = {piece: times[torch.float32] / times[torch.bfloat16] for piece, times in ms.items()}
 
 # %% tags=["hide-input"]
+from attention.bench.provenance import cpu_flags, cpu_name
+
 matmul_piece, projection_piece, core_piece, qk_piece, mask_piece, softmax_piece, pv_piece = pieces
-elementwise = (mask_piece, softmax_piece)
 written_out = (qk_piece, mask_piece, softmax_piece, pv_piece)
-elementwise_share = sum(ms[p][torch.float32] for p in elementwise) / sum(ms[p][torch.float32] for p in written_out)
-written_out_speed = sum(ms[p][torch.float32] for p in written_out) / sum(ms[p][torch.bfloat16] for p in written_out)
-show_markdown(
-    f"Read as bfloat16 speed against float32: the matmul runs at {speed[matmul_piece]:.2f}× (the oneDNN kernel "
-    f"named in the table), the projections at {speed[projection_piece]:.2f}× and the weights times `V` at "
-    f"{speed[pv_piece]:.2f}×: matmuls with small outputs, limited by arithmetic. SDPA's fused kernel, which does "
-    f"its matmuls on tiles and never writes the scores out, runs at {speed[core_piece]:.2f}×. The steps that "
-    f"move the `(B, H, T, T)` scores through memory run at {speed[mask_piece]:.2f}× (the mask) and "
-    f"{speed[softmax_piece]:.2f}× (the softmax), with half the bytes per element to move, and `Q Kᵀ`, a matmul "
-    f"whose output is those scores, at {speed[qk_piece]:.2f}×. The mask and the softmax take "
-    f"{elementwise_share:.0%} of the written-out core's time in float32, so that core as a whole runs at "
-    f"{written_out_speed:.2f}×.")
+
+
+def speed_of(group):
+    """bfloat16 speed (float32 ms / bfloat16 ms) of a group of pieces run one after another."""
+    return sum(ms[p][torch.float32] for p in group) / sum(ms[p][torch.bfloat16] for p in group)
+
+
+matmul_flops = 2 * 2048**3
+build_flags = cpu_flags()
+show_markdown(prose.bf16_matmul_sentence(
+    "This build's CPU", cpu_name(), build_flags, matmul_flops / ms[matmul_piece][torch.float32] / 1e9,
+    matmul_flops / ms[matmul_piece][torch.bfloat16] / 1e9))
+show_markdown(prose.bf16_pieces_sentence({
+    "matmul": speed[matmul_piece], "projections": speed[projection_piece], "sdpa": speed[core_piece],
+    "scores": speed[qk_piece], "mask": speed[mask_piece], "softmax": speed[softmax_piece],
+    "weights_v": speed[pv_piece], "written_out": speed_of(written_out)}))
+show_markdown(prose.bf16_conclusion(speed[projection_piece], speed_of((mask_piece, softmax_piece)),
+                                    prose.has_amx(build_flags)))
+
+# %% [markdown]
+# The recorded runs, measured on another CPU, class by class. The classes fall into three kinds:
+# those whose attention is one fused kernel (SDPA, and FlexAttention's forward), `tiled`, whose
+# tiles keep the scores from ever being whole, and those that write the `(B, H, T, T)` scores out
+# as tensors. FlexAttention's backward on a CPU is not fused: its peak memory in training (in the
+# tables of the recorded runs) is that of several score tensors, so in forward + backward the Flex
+# classes count as writing the scores out.
 
 # %% tags=["hide-input"]
-fp32_run = render.load_result(render.RESULTS_DIR / "cpu-intel-xeon-2c-float32.json")
-bf16_run = render.load_result(render.RESULTS_DIR / "cpu-intel-xeon-2c-bfloat16.json")
-fused = {row["label"] for row in render.shape_rows(fp32_run, "forward")
-         if row["sdpa_backends"] != ["n/a"] or "flex" in row["implementation"]}  # SDPA or FlexAttention kernels
+fp32_path = render.RESULTS_DIR / "cpu-intel-xeon-2c-float32.json"
+bf16_path = render.RESULTS_DIR / "cpu-intel-xeon-2c-bfloat16.json"
+fp32_run, bf16_run = render.load_result(fp32_path), render.load_result(bf16_path)
+
+
+def kernel_kind(row, mode):
+    """"fused", "tiled" or "written out": how a recorded row's attention handles the scores in `mode`."""
+    if row["implementation"] == "tiled":
+        return "tiled"
+    if row["sdpa_backends"] != ["n/a"]:  # an SDPA kernel ran (forward and backward are fused on CPU)
+        return "fused"
+    if "flex" in row["implementation"]:
+        return "fused" if mode == "forward" else "written out"
+    return "written out"
+
+
+run_labels = [prose.file_label(path.name, render.is_stale(run)) for path, run in ((fp32_path, fp32_run), (bf16_path, bf16_run))]
+matmul_rates = render.dtype_comparison(fp32_run, bf16_run)["matmul"]
+show_markdown(prose.bf16_matmul_sentence(
+    f"The CPU of {' and '.join(run_labels)}", fp32_run["provenance"]["device"]["name"],
+    fp32_run["provenance"]["device"].get("cpu_flags"), *matmul_rates))
 comparison = render.dtype_comparison(fp32_run, bf16_run)["rows"]
 for mode in ("forward", "forward_backward"):
-    fused_speeds = sorted(row[mode][2] for row in comparison if row["label"] in fused)
-    written_speeds = sorted(row[mode][2] for row in comparison if row["label"] not in fused)
-    show_markdown(
-        f"In the recorded runs ({render.MODE_TITLES[mode]}, B = {B}, T = {T}), the {len(fused_speeds)} classes on "
-        f"fused kernels run at {fused_speeds[0]:.2f}× to {fused_speeds[-1]:.2f}× their float32 speed in bfloat16, "
-        f"the {len(written_speeds)} that write out the scores at {written_speeds[0]:.2f}× to {written_speeds[-1]:.2f}×.")
-show_markdown(
-    "So every class pays for the slower projections; a class whose time is nearly all matmuls loses, and a class "
-    "that spends much of its time moving the `(B, H, T, T)` scores, which bfloat16 halves, loses less or gains. "
-    "On a CPU whose bfloat16 matmuls are faster than its float32 ones the balance changes: run the benchmark "
-    "there and [add the file](../../add-your-device/).")
+    kinds = {row["label"]: kernel_kind(row, mode) for row in render.shape_rows(fp32_run, mode)}
+    groups = {}
+    for row in comparison:
+        groups.setdefault(kinds[row["label"]], []).append(row[mode][2])
+    show_markdown(prose.bf16_classes_sentence(run_labels,
+                                              f"{render.MODE_TITLES[mode]}, B = {B}, T = {T}", groups))
+flex_peak = max(row["peak_memory_bytes"] for row in render.shape_rows(fp32_run, "forward_backward")
+                if row["implementation"] == "flex")
+score_bytes = B * H * T * T * 4
+assert flex_peak > 2 * score_bytes, "the text above says FlexAttention's CPU backward holds several score tensors"
+show_markdown(f"(`flex` in forward + backward, in `{fp32_path.name}`: a peak of {flex_peak / 2**20:,.0f} MiB, "
+              f"{flex_peak / score_bytes:.1f} times one `(B, H, T, T)` float32 score tensor of "
+              f"{score_bytes / 2**20:,.0f} MiB.) To see how your CPU fares, run the benchmark in both dtypes and "
+              "[add the files](../../add-your-device/).")

@@ -113,6 +113,28 @@ assert max_error(stacked, direct) < 1e-12
 # ## Every implementation
 
 # %%
+def check(cls, dtype, x, grad_out):
+    """One class against the reference on `x` `(B, T, C)`: `(max errors, mean errors, output, K/V heads)`, each
+    error triple for (out, dL/dx, dL/dW)."""
+    module = cls(C, C, x.shape[1], 0.0, H).train(False)
+    heads = getattr(module, "num_kv_heads", H)
+    module.load_canonical_state_dict(kv_heads_state(state, H, heads))
+    module = module.to(dtype)
+    x_in = x.to(dtype).clone().requires_grad_()  # a fresh leaf per run
+    g = grad_out.to(dtype)
+    out = module(x_in)
+    (out * g).sum().backward()
+    grads = canonical_gradients(module)
+    expected, expected_dx, expected_grads = reference_and_gradients(
+        x_in, module.canonical_state_dict(), cls.position_encoding, g)
+    largest = (max_error(out, expected), max_error(x_in.grad, expected_dx),
+               max(max_error(grads[key], expected_grads[key]) for key in expected_grads))
+    all_grads = torch.cat([grads[key].flatten() for key in expected_grads])  # every weight gradient
+    mean = (mean_error(out, expected), mean_error(x_in.grad, expected_dx),
+            mean_error(all_grads, torch.cat([expected_grads[key].flatten() for key in expected_grads])))
+    return largest, mean, out.detach(), heads
+
+
 results, notes = {}, []  # results[name, dtype]: max |error| of (out, dL/dx, dL/dW)
 means, outputs = {}, {}  # the mean |error| of the same three; each output, for the bfloat16 section
 kv_heads = {}  # K/V heads per class: grouped-query classes take the first ones of the shared weights
@@ -120,29 +142,7 @@ for name, cls in IMPLEMENTATIONS.items():
     for dtype in DTYPES:
         label = str(dtype).removeprefix("torch.")
         try:
-            module = cls(C, C, T, 0.0, H).train(False)
-            kv_heads[name] = getattr(module, "num_kv_heads", H)
-            module.load_canonical_state_dict(kv_heads_state(state, H, kv_heads[name]))
-            module = module.to(dtype)
-            x_in = x.to(dtype).clone().requires_grad_()  # a fresh leaf per run
-            g = grad_out.to(dtype)
-            out = module(x_in)
-            (out * g).sum().backward()
-            grads = canonical_gradients(module)
-            expected, expected_dx, expected_grads = reference_and_gradients(
-                x_in, module.canonical_state_dict(), cls.position_encoding, g)
-            results[name, label] = (
-                max_error(out, expected),
-                max_error(x_in.grad, expected_dx),
-                max(max_error(grads[key], expected_grads[key]) for key in expected_grads),
-            )
-            all_grads = torch.cat([grads[key].flatten() for key in expected_grads])  # every weight gradient
-            means[name, label] = (
-                mean_error(out, expected),
-                mean_error(x_in.grad, expected_dx),
-                mean_error(all_grads, torch.cat([expected_grads[key].flatten() for key in expected_grads])),
-            )
-            outputs[name, label] = out.detach()
+            results[name, label], means[name, label], outputs[name, label], kv_heads[name] = check(cls, dtype, x, grad_out)
         except Exception as error:  # noqa: BLE001 -- a class that cannot run a dtype gets a note
             results[name, label] = None
             notes.append(f"{name}, {label}: {type(error).__name__}: {str(error).splitlines()[0][:200]}")
@@ -171,6 +171,37 @@ print(f"For scale (float64, no position encoding): max |out| = {direct.abs().max
 print("unit roundoff (half the gap between 1 and the next number): "
       + ", ".join(f"{label} {torch.finfo(dtype).eps / 2:.1e}" for label, dtype in
                   (("float32", torch.float32), ("bfloat16", torch.bfloat16))))
+
+# %% [markdown]
+# ## Past one tile
+#
+# At `T = 16` every query and key fits in one tile: `tiled` works in blocks of `block_size`
+# queries and keys, and FlexAttention in blocks of its `BlockMask` (on CPU this package pads short
+# sequences to `MIN_CPU_SEQ_LEN` before FlexAttention runs). So the table above checks their
+# one-block path only. The same check at a length past every block size, not a multiple of it, runs
+# the paths that carry the softmax's running maximum and sum from one block of keys to the next,
+# skip the blocks above the diagonal and cut the last block short, in float32, forward and backward:
+
+# %%
+from torch.nn.attention.flex_attention import _DEFAULT_SPARSE_BLOCK_SIZE
+
+from attention.causal.flex import MIN_CPU_SEQ_LEN
+from attention.causal.tiled import TiledAttention
+
+tile = max(TiledAttention(C, C, 8, 0.0, H).block_size, _DEFAULT_SPARSE_BLOCK_SIZE, MIN_CPU_SEQ_LEN)
+T_long = 2 * tile + tile // 3  # two full blocks and a partial one
+x_long, grad_long = torch.randn(1, T_long, C), torch.randn(1, T_long, C)
+long_results = {}
+for name, cls in IMPLEMENTATIONS.items():
+    long_results[name] = check(cls, torch.float32, x_long, grad_long)[0]
+    assert long_results[name][0] < 1e-4 and max(long_results[name][1:]) < 1e-3, (name, long_results[name])
+
+# %% tags=["hide-input"]
+show_table(f"float32, T = {T_long} (blocks of {tile}: {-(-T_long // tile)} per row, the last one partial), B = 1: "
+           "max |error| against the float64 reference",
+           ["implementation", "position encoding", "out", "dL/dx", "dL/dW"],
+           [[f"`{name}`", cls.position_encoding or "none", *(f"{error:.1e}" for error in long_results[name])]
+            for name, cls in IMPLEMENTATIONS.items()])
 
 # %% [markdown]
 # ## Reading the table

@@ -173,10 +173,10 @@ print(f"max |labml layout - reference with the permuted mask| = {difference:.1e}
 # %% [markdown]
 # ## Pitfalls
 #
-# **The softmax must run over the keys.** The widely copied einsum version computed the
-# `(B, H, T, S)` scores correctly and then called `softmax(scores, dim=1)`: dimension 1 is the
-# *heads*. Each weight was then normalised across heads instead of across keys. Nothing fails,
-# the shapes are all right, and the output is wrong:
+# **The softmax must run over the keys.** An easy slip computes the `(B, H, T, S)` scores
+# correctly and then calls `softmax(scores, dim=1)`: dimension 1 is the *heads*. Each weight is
+# then normalised across heads instead of across keys. Nothing fails, the shapes are all right,
+# and the output is wrong:
 
 # %%
 with torch.no_grad():
@@ -259,7 +259,8 @@ lengths = [t for t in result["config"]["seq_lens"] if all((name, "forward", t) i
 ratios = {name: [sweep[(name, "forward", t)] / sweep[("split_heads", "forward", t)] for t in lengths] for name in ("einsum", "seq_first")}
 show_markdown(
     f"Forward pass, batch {result['config']['sweep_batch']}, T = {', '.join(map(str, lengths))} "
-    f"({result['provenance']['device']['name']}, {result['dtype']}): `einsum` takes "
+    f"(`docs/results/cpu-intel-xeon-2c-float32.json`: {result['provenance']['device']['name']}, {result['dtype']}"
+    + (", recorded with older sources than these" if render.is_stale(result) else "") + "): `einsum` takes "
     f"{min(ratios['einsum']):.2f} to {max(ratios['einsum']):.2f} times the median time of `split_heads`, "
     f"`seq_first` {min(ratios['seq_first']):.2f} to {max(ratios['seq_first']):.2f} times; at T = {lengths[-1]}: "
     f"{ratios['einsum'][-1]:.2f} and {ratios['seq_first'][-1]:.2f}.")

@@ -158,11 +158,11 @@ assert error < 1e-5 and grad_error < 1e-4, (error, grad_error)
 # %% [markdown]
 # ## Pitfalls
 #
-# **Slicing a `BlockMask` does not shorten it.** A widely copied FlexAttention class built a real
-# `BlockMask` once, for `context_length = 1024` positions, and cut it for each input like a dense
-# mask, `block_mask[:T, :T]` (in code that also used names it never defined, so it could not have
-# run as published). A `BlockMask` is indexed by batch and head first: the slice leaves the lengths
-# whole, and FlexAttention refuses it, as it refuses the unsliced mask for a shorter input:
+# **Slicing a `BlockMask` does not shorten it.** A class that builds one `BlockMask` for
+# `context_length = 1024` positions and cuts it for each input like a dense mask,
+# `block_mask[:T, :T]`, gets no shorter mask. A `BlockMask` is indexed by batch and head first: the
+# slice leaves the lengths whole, and FlexAttention refuses it, as it refuses the unsliced mask for
+# a shorter input:
 
 # %%
 long_mask = create_block_mask(causal, B=None, H=None, Q_LEN=1024, KV_LEN=1024, device="cpu")

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 
 import attention
+from attention import prose
 from attention.bench.metrics import profile_call
 from attention.causal.gqa import GroupedQueryAttention, KVCache, MultiQueryAttention
 from attention.causal.gqa_flex import GroupedQueryFlexAttention
@@ -266,19 +267,35 @@ else:
                 "fwd + bwd peak MiB"], rows)
     mha_row, gqa_row, mqa_row = (headline(name, "forward") for name in ("sdpa_causal", "gqa", "mqa"))
     show_markdown(
-        f"`gqa` does {gqa_row['flops'] / mha_row['flops']:.0%} of `sdpa_causal`'s forward FLOPs and "
-        f"takes {gqa_row['ms_median'] / mha_row['ms_median']:.0%} of its time; `mqa` "
-        f"{mqa_row['flops'] / mha_row['flops']:.0%} and {mqa_row['ms_median'] / mha_row['ms_median']:.0%}. "
-        "Without a cache the time follows the FLOPs: fewer K/V heads shrink the key and value projections, while "
-        "the attention core, one per query head, stays the same. What GQA saves far more of is the cache, and the "
-        "reading of it at every decoding step ([KV cache and decoding](../kv_cache/)).")
+        "Fewer K/V heads shrink the key and value projections, while the attention core, one per query head, stays "
+        "the same. " + prose.flops_and_time_sentence(
+            "sdpa_causal", {name: (row["flops"] / mha_row["flops"], row["ms_median"] / mha_row["ms_median"])
+                            for name, row in (("gqa", gqa_row), ("mqa", mqa_row))})
+        + " What GQA saves far more of is the cache, and the reading of it at every decoding step "
+        "([KV cache and decoding](../kv_cache/)).")
 
 # %% [markdown]
 # ## Which to use
 #
 # GQA is what current models train with: it keeps most of MHA's quality at a fraction of its cache
 # (the GQA paper's result), and MQA saves the most memory at some cost in quality. In this
-# package, `gqa` (SDPA) is the class to copy; `gqa_flex` when the attention also needs a custom
-# mask or score. Decoding, the KV cache's pitfalls and the measured speed of a step:
+# package, `gqa` (SDPA) is the class to copy. For a custom mask or score, `gqa_flex` takes a
+# FlexAttention `mask_mod` or `score_mod`; what that costs on a CPU, from the recorded run above:
+
+# %% tags=["hide-input"]
+if recorded_runs:
+    def measured(name, mode):
+        row = headline(name, mode)
+        return row["ms_median"], row["peak_memory_bytes"] / 2**20
+
+    score_tensor_mib = config["batch"] * config["num_heads"] * config["seq_len"] ** 2 * 4 / 2**20
+    show_markdown(prose.custom_mask_sentence(
+        f"docs/results/{prefill_path.name}", render.is_stale(prefill_run),
+        {name: {mode: measured(name, mode) for mode in ("forward", "forward_backward")}
+         for name in ("gqa", "gqa_flex", "sdpa_mask", "flex")},
+        score_tensor_mib))
+
+# %% [markdown]
+# Decoding, the KV cache's pitfalls and the measured speed of a step:
 # [KV cache and decoding](../kv_cache/). Every shape of the recorded runs, and this build's own
 # quick run: [Benchmarks](../../benchmarks/).

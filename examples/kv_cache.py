@@ -98,7 +98,7 @@ top_left = torch.ones(T_chunk, L + T_chunk, dtype=torch.bool).tril()  # what is_
 query_positions = torch.arange(L, L + T_chunk)
 lower_right = query_positions[:, None] >= torch.arange(L + T_chunk)[None, :]  # what the chunk needs
 show(plot_masks({"is_causal=True (top left): wrong": top_left, "lower right: right": lower_right},
-                ncols=2, title="5 queries over 15 keys"))
+                ncols=2, q_offset=L, title=f"{T_chunk} queries at positions {L}-{L + T_chunk - 1} over {L + T_chunk} keys"))
 
 # %% [markdown]
 # The wrong mask, run on real keys and values from a cache, against the full forward pass:
@@ -300,10 +300,12 @@ show_markdown("For real models (Llama, Mistral, Qwen, Gemma) at their published 
 # %% [markdown]
 # ## Decode speed, measured
 #
-# A decode step projects one token, then reads the whole cache to attend over it: for every
-# cached number it reads, it does about two floating-point operations. No device computes that
-# slowly, so the step waits on memory, and its ceiling is the rate at which the device reads
-# memory, not its matmul rate. The benchmark's decode profile measures exactly that, on any device:
+# A decode step projects one token, then reads the whole cache to attend over it. With one query
+# head per K/V head (MHA), every cached number it reads feeds about two floating-point operations,
+# far fewer than a device can do in the time it takes to read the number: the step waits on memory,
+# and its ceiling is the rate at which the device reads memory, not its matmul rate. Where a K/V
+# head serves a group of query heads, each number feeds `2 * group` operations, and arithmetic can
+# become the limit instead. The benchmark's decode profile measures both, on any device:
 #
 # ```bash
 # python -m attention.bench --profile decode --out docs/results/decode/cpu-decode-float32.json
@@ -324,7 +326,10 @@ decode_result = render.load_result(decode_runs[0])
 show_markdown(f"`docs/results/decode/{decode_runs[0].name}`: {decode_result['provenance']['device']['name']}, "
               f"{decode_result['dtype']}, recorded {decode_result['provenance']['date_utc'][:10]}"
               + (" (the code has changed since)" if render.is_stale(decode_result) else "") + ".")
-show_markdown(render.decode_summary_table(decode_result, contexts=[1024, 8192, 16384, 32768]))
+show_markdown("**One decode step of one attention layer, per batch size, model and cache length: the fastest "
+              "kernel's tokens per second, its share of the read bandwidth measured beside it, and which kernel "
+              "that was (`matmul`: the grouped matmuls; `sdpa`: SDPA)**\n\n"
+              + render.decode_summary_table(decode_result, contexts=[1024, 8192, 16384, 32768]))
 show(render.plot_decode(decode_result, "tokens_per_s"))
 show(render.plot_decode(decode_result, "share_of_paired_bandwidth"))
 
@@ -368,23 +373,25 @@ if gains:
 show_markdown("\n".join(lines))
 
 # %% [markdown]
-# ## Why SDPA's step reads far below the bandwidth on this CPU
+# ## What limits a step on this build's CPU
 #
-# Three measurements, made while this page was built, on the machine that built it (so they move
-# with that machine; the recorded run above is the reference). First, the attention alone: one
-# query per head over an 8,192-position cache, batch 1, 32 query heads of 128. Three kernels: SDPA
-# with `enable_gqa=True`; SDPA over K/V heads repeated to 32 beforehand (an MHA-sized read, the
-# copy not timed); and the grouped matmuls of `grouped_decode_attention`. GB/s counts the bytes of
-# the cache the step must read (the compact one); GFLOP/s counts `4 * H * S * D`, the same for all.
-# A GQA or MQA cache of 32 or 8 MiB would stay in the CPU's last-level cache if one step ran over
-# it again and again, unlike a real step, whose weights pass in between; so each timed call reads
-# the next of several copies, at least 256 MiB in all, and the bytes come from memory.
+# Three measurements, made while this page was built, on the machine that built it: they move with
+# that machine and its load, and every sentence about them below is written from the numbers (the
+# recorded run above is the reference). First, the attention alone: one query per head over an
+# 8,192-position cache, batch 1, 32 query heads of 128. Three kernels: SDPA with
+# `enable_gqa=True`; SDPA over K/V heads repeated to 32 beforehand (an MHA-sized read, the copy not
+# timed); and the grouped matmuls of `grouped_decode_attention`. GB/s counts the bytes of the cache
+# the step must read (the compact one); GFLOP/s counts `4 * H * S * D`, the same for all. A GQA or
+# MQA cache of 32 or 8 MiB would stay in the CPU's last-level cache if one step ran over it again
+# and again, unlike a real step, whose weights pass in between; so each timed call reads the next of
+# several copies, at least 256 MiB in all, and the bytes come from memory.
 
 # %% tags=["hide-input"]
 import itertools
 
 import torch.nn.functional as F
 
+from attention import prose
 from attention.bench import metrics
 from attention.causal.gqa import grouped_decode_attention, row_split_linear
 
@@ -409,7 +416,7 @@ def gbps(call, nbytes):
 
 
 generator = torch.Generator().manual_seed(0)
-rows, times = [], {}
+rows, times, shares = [], {}, {}
 context_length, flops = 8192, 4 * 32 * 8192 * 128
 for name, kv_heads in (("MHA", 32), ("GQA", 4), ("MQA", 1)):
     q = torch.randn(1, 32, 1, 128, generator=generator)
@@ -434,6 +441,7 @@ for name, kv_heads in (("MHA", 32), ("GQA", 4), ("MQA", 1)):
         rate, bandwidth, ms = gbps(lambda copies=copies, attend=attend: attend(*next(copies)), cache_bytes)
         del copies
         times[name, kernel] = ms
+        shares[name, kernel] = (rate / bandwidth, flops / ms / 1e9 / matmul_tflops)  # of the bandwidth, of the matmul rate
         rows.append((name, kernel, f"{cache_bytes / 2**20:,.0f} MiB", f"{ms:.2f}", f"{rate:.1f}",
                      f"{rate / bandwidth:.0%}", f"{flops / ms / 1e6:.0f}", f"{flops / ms / 1e9 / matmul_tflops:.0%}"))
 show_table("Attention over an 8,192-position float32 cache, batch 1, 32 query heads (measured at build time)",
@@ -441,32 +449,33 @@ show_table("Attention over an 8,192-position float32 cache, batch 1, 32 query he
            rows)
 sdpa, grouped = "SDPA, enable_gqa", "grouped matmuls"
 show_markdown(
-    f"GQA's cache is 8x smaller than MHA's and MQA's 32x. With `enable_gqa=True`, SDPA's time falls "
-    f"{times['MHA', sdpa] / times['GQA', sdpa]:.1f}x and {times['MHA', sdpa] / times['MQA', sdpa]:.1f}x; "
-    f"the grouped matmuls' falls {times['MHA', grouped] / times['GQA', grouped]:.1f}x and "
-    f"{times['MHA', grouped] / times['MQA', grouped]:.1f}x. The large-matmul rate of this build's machine: "
-    f"{matmul_tflops * 1e3:.0f} GFLOP/s.")
+    "GQA's cache is 8x smaller than MHA's and MQA's 32x. "
+    + prose.cache_shrink_sentence(times, [sdpa, grouped]) + " "
+    + prose.decode_kernels_sentence(times, list(kernels)) + " "
+    + " ".join(prose.decode_limit_sentence(model, "the grouped matmuls", *shares[model, grouped]) for model in ("GQA", "MQA"))
+    + f" The large-matmul rate of this build's machine: {matmul_tflops * 1e3:.0f} GFLOP/s. "
+    + prose.bandwidth_share_note([share for share, _ in shares.values()]))
 
 # %% [markdown]
-# SDPA's CPU kernel (`aten::_scaled_dot_product_flash_attention_for_cpu`) splits its work over
-# batch, query heads and blocks of queries, and each piece streams all the keys and values of its
-# K/V head. With `enable_gqa=True` it maps query head `h` to K/V head `h // group` without a copy,
-# but it still streams that K/V head once per query head, `group` times in all: what it saves is
-# the copy, not the reading (where a K/V head fits in the CPU's caches, the repeats come from
-# there, so it gains something). The grouped matmuls put a K/V head's whole group of queries in
-# one product, `k @ qᵀ` of `(S, D) @ (D, group)`, so each cached key leaves memory once for all
-# the queries that need it. Then the arithmetic per byte grows with the group: a step's FLOPs do
-# not shrink with the K/V heads, only its bytes do. With 32 query heads per K/V head (MQA) the
-# step is held back by arithmetic (see its share of the matmul rate) more than by reading; with 8
-# (GQA) it reaches neither ceiling, since a product only 8 columns wide runs far below the
-# large-matmul rate.
+# What the kernels do differently is in their code, whatever the machine. SDPA's CPU kernel
+# (`aten::_scaled_dot_product_flash_attention_for_cpu`) splits its work over batch, query heads and
+# blocks of queries, and each piece streams all the keys and values of its K/V head. With
+# `enable_gqa=True` it maps query head `h` to K/V head `h // group` without a copy, but it still
+# streams that K/V head once per query head, `group` times in all: what it saves is the copy, not
+# the reading (where a K/V head fits in the CPU's caches, the repeats come from there). The grouped
+# matmuls put a K/V head's whole group of queries in one product, `k @ qᵀ` of
+# `(S, D) @ (D, group)`, so each cached key leaves memory once for all the queries that need it.
+# Then the arithmetic per byte grows with the group: a step's FLOPs do not shrink with the K/V
+# heads, only its bytes do, and a product only `group` columns wide runs below the large-matmul
+# rate. The shares above say which limit each step came nearer on this machine.
 #
 # Second, the projections. At batch 1 each of the four projections is a matrix-vector product:
-# every weight read once for two operations, bound by memory like the cache. The CPU BLAS behind
-# `F.linear` runs a matrix-vector product on one thread, so it reads memory at one core's rate;
+# every weight read once for two operations, bound by memory like the cache. Some CPU BLAS builds
+# run a matrix-vector product on one thread, so that it reads memory at one core's rate;
 # `row_split_linear` splits the weight's rows into 8 blocks and runs them as one batched product,
-# which `torch.bmm` spreads over every thread. One 4096 x 4096 float32 weight (each call takes the
-# next of 4 such layers, 256 MiB in all, so that the weights come from memory, as in a model):
+# which `torch.bmm` spreads over every thread. Whether this machine's BLAS needs that: one 4096 x
+# 4096 float32 weight, on all threads and on one (each call takes the next of 4 such layers, 256 MiB
+# in all, so that the weights come from memory, as in a model):
 
 # %% tags=["hide-input"]
 layers = [torch.nn.Linear(4096, 4096).requires_grad_(False) for _ in range(copies_to_fill(4096 * 4096 * 4))]  # 64 MiB each
@@ -475,24 +484,29 @@ weight_bytes = layers[0].weight.nbytes + layers[0].bias.nbytes
 torch.testing.assert_close(row_split_linear(layers[0], x_row), layers[0](x_row), atol=1e-4, rtol=1e-4)
 layer_cycle = itertools.cycle(layers)  # each call takes the next layer, so its weight comes from memory
 threads = torch.get_num_threads()
-rows = []
+rows, projection_ms, projection_shares = [], {}, []
 for label, call, thread_count in (("F.linear", lambda: next(layer_cycle)(x_row), threads),
                                   ("F.linear", lambda: next(layer_cycle)(x_row), 1),
                                   ("row_split_linear (8 blocks, torch.bmm)",
                                    lambda: row_split_linear(next(layer_cycle), x_row), threads)):
     torch.set_num_threads(thread_count)
     rate, bandwidth, ms = gbps(call, weight_bytes)
+    projection_ms[label.split()[0], thread_count] = ms
+    projection_shares.append(rate / bandwidth)
     rows.append((label, thread_count, f"{ms:.2f}", f"{rate:.1f}", f"{rate / bandwidth:.0%}"))
 torch.set_num_threads(threads)
 show_table("One row through a 4096 x 4096 float32 projection (measured at build time); the bandwidth is measured "
            "with the same thread count", ["kernel", "torch threads", "ms", "GB/s", "% of read bandwidth"], rows)
+show_markdown(" ".join(part for part in (
+    prose.linear_threads_sentence(projection_ms["F.linear", threads], projection_ms["F.linear", 1], threads),
+    prose.row_split_sentence(projection_ms["row_split_linear", threads], projection_ms["F.linear", threads], threads),
+    prose.bandwidth_share_note(projection_shares)) if part))
 
 # %% [markdown]
-# With one thread or all of them, `F.linear` takes about the same time: the work never left one
-# core. Third, a trap met on the way: `torch.bmm` over the same blocks, with the input column given
-# as a `(8, in, 1)` tensor of strides `(0, 1, 1)` instead of the transposed row's `(0, 1, in)`,
-# computes the same numbers at a very different speed (the BLAS call it ends up in depends on the
-# strides):
+# Third, a trap met on the way: `torch.bmm` over the same blocks, with the input column given as a
+# `(8, in, 1)` tensor of strides `(0, 1, 1)` instead of the transposed row's `(0, 1, in)`, computes
+# the same numbers through a different BLAS call (which one depends on the strides), and on some
+# machines at a very different speed:
 
 # %% tags=["hide-input"]
 all_blocks = [layer.weight.view(8, 512, 4096) for layer in layers]  # (chunks, out/chunks, in) per layer
@@ -500,16 +514,23 @@ blocks, block_cycle = all_blocks[0], itertools.cycle(all_blocks)
 column_from_reshape = x_row.reshape(1, 4096, 1).expand(8, 4096, 1)  # strides (0, 1, 1)
 column_from_transpose = x_row.reshape(1, 4096).T.unsqueeze(0).expand(8, 4096, 1)  # strides (0, 1, 4096)
 torch.testing.assert_close(torch.bmm(blocks, column_from_reshape), torch.bmm(blocks, column_from_transpose))
-rows = []
+rows, layout_ms, layout_shares = [], {}, []
 for label, column in (("reshape, then expand", column_from_reshape), ("transpose the row, then expand", column_from_transpose)):
     rate, bandwidth, ms = gbps(lambda: torch.bmm(next(block_cycle), column), blocks.nbytes)
+    layout_ms[label] = ms
+    layout_shares.append(rate / bandwidth)
     rows.append((label, str(column.stride()), f"{ms:.2f}", f"{rate:.1f}", f"{rate / bandwidth:.0%}"))
 show_table("torch.bmm of the 8 weight blocks with one input column, two layouts of the same column "
            "(measured at build time)", ["column made by", "strides", "ms", "GB/s", "% of read bandwidth"], rows)
+show_markdown(" ".join(part for part in (
+    prose.same_numbers_sentence("reshape", layout_ms["reshape, then expand"], "transpose",
+                                layout_ms["transpose the row, then expand"]),
+    prose.bandwidth_share_note(layout_shares)) if part))
 
 # %% [markdown]
 # So the `matmul` decode kernel (`decode_kernel="matmul"`; `"auto"` picks it on CPU for calls of
 # at most `AUTO_MATMUL_MAX_TOKENS` new tokens) is those two changes: the grouped matmuls for the
 # attention and, for a single token, the row-split projections. At batch 8 the projections are
-# products of 8 rows, which `row_split_linear` leaves to the BLAS as they are; the recorded run
-# above shows what each kernel gives at every context and batch size.
+# products of 8 rows, which `row_split_linear` leaves to the BLAS as they are. The recorded run
+# above shows what each kernel gives at every context and batch size on the machine that recorded
+# it; the measurements on this page say whether each change pays on the machine that built it.

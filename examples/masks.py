@@ -63,9 +63,8 @@ show(plot_masks({
 # %% [markdown]
 # ### Pitfall: strided as fixed columns
 #
-# A tempting shortcut writes the strided pattern as "every `s`-th key column", `kv_idx % s == 0`
-# (one of the sparse-attention write-ups this project grew from did). That predicate reads the key's position only, never the
-# query's, so it is bidirectional: every query sees keys 0, `s`, `2s`, ... up to the end of the
+# A tempting shortcut writes the strided pattern as "every `s`-th key column", `kv_idx % s == 0`.
+# That predicate reads the key's position only, never the query's, so it is bidirectional: every query sees keys 0, `s`, `2s`, ... up to the end of the
 # sequence, including keys in its future. `strided(s)` measures the distance back from the query
 # and keeps the causal condition.
 

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attention import IMPLEMENTATIONS
+from attention import IMPLEMENTATIONS, prose
 from attention.bench import render
 from attention.display import show, show_markdown, show_table
 from attention.plotting import plot_heatmaps
@@ -135,10 +135,45 @@ print("unit roundoff (half the gap between 1 and the next number): "
 # * A longer sequence spreads each query's weight over more keys, so each weight is smaller and
 #   the weighted sum has more terms: per-element rounding is averaged, and the error does not need
 #   to grow with `T`; a level or falling row is normal.
+# * A class whose cell stands out in one column can round once more than the others at the end.
+#   The measurement below finds out for `einsum`, whose output projection is an einsum followed
+#   by `+ bias`, two roundings to the dtype, where `nn.Linear` adds the bias inside its float32
+#   accumulator and rounds once.
 # * bfloat16 is not "float16 with less precision" for training: its range avoids the overflow and
 #   underflow that make float16 training need loss scaling (the overflow is shown below). For
 #   accuracy within range, float16 is the more precise of the two.
-#
+
+# %%
+einsum_module = IMPLEMENTATIONS["einsum"](C, C, max(LENGTHS), 0.0, H).eval()
+einsum_module.load_canonical_state_dict(state)
+einsum_module = einsum_module.to(torch.bfloat16)
+worst = max(range(len(LENGTHS)), key=lambda i: ratios["bfloat16"][names.index("einsum")][i])
+T_worst = LENGTHS[worst]
+x_worst = inputs[T_worst].to(torch.bfloat16)
+with torch.no_grad():
+    q, k, v = (einsum_module.project_heads(x_worst, layer) for layer in
+               (einsum_module.query, einsum_module.key, einsum_module.value))  # (B, H, T, D) each
+    scores = torch.einsum("bhtd,bhsd->bhts", q, k) / math.sqrt(C // H)  # (B, H, T, S)
+    scores = scores.masked_fill(~einsum_module.causal_mask[:T_worst, :T_worst], float("-inf"))
+    context = torch.einsum("bhts,bhsd->bthd", torch.softmax(scores, dim=-1), v)  # (B, T, H, D)
+    through_linear = F.linear(context.reshape(1, T_worst, C), einsum_module.out.weight, einsum_module.out.bias)  # (B, T, C)
+reference = reference_causal_self_attention(x_worst, kv_heads_state({key: value.to(torch.bfloat16) for key, value in
+                                                                      state.items()}, H, H), H)[0]
+floor_worst = floor["bfloat16"][T_worst, None, H]
+with_linear = (through_linear.double() - reference).abs().max().item() / floor_worst
+as_is = ratios["bfloat16"][names.index("einsum")][worst]
+split_heads_ratio = ratios["bfloat16"][names.index("split_heads")][worst]
+
+# %% tags=["hide-input"]
+kind, _ = prose.ratio_words(as_is, with_linear, within=0.1)
+show_markdown(
+    f"`einsum` in bfloat16 lands farthest from the floor at `T = {T_worst}`: {as_is:.2f}× (`split_heads`: "
+    f"{split_heads_ratio:.2f}×). The same `einsum` module, with only its output projection done by `F.linear` on "
+    f"the same context: {with_linear:.2f}×. "
+    + ("So its extra error is the output projection's second rounding (einsum, then `+ bias`), not its attention."
+       if kind == "more" else "So the output projection's second rounding does not explain it here."))
+
+# %% [markdown]
 # ## Memory against sequence length
 #
 # Peak memory of one forward call for `T` = 128 to 4096, read from a recorded benchmark run (the
@@ -166,8 +201,7 @@ if naive and fused:
     score_bytes = heads * T_max * T_max * torch.finfo(getattr(torch, recorded["dtype"])).bits // 8
     half_naive, half_fused = memory.get(("split_heads", T_max // 2)), memory.get(("sdpa_causal", T_max // 2))
     show_markdown(
-        f"A sparse-attention write-up this project grew from claimed \"about 1.5 GB vs 0.1 GB at T = 4096\" for naive against fused "
-        f"attention. This run measured, at `T = {T_max}`: {naive / 1e9:.2f} GB ({naive / 2**30:.2f} GiB) for "
+        f"This run measured, at `T = {T_max}`: {naive / 1e9:.2f} GB ({naive / 2**30:.2f} GiB) for "
         f"`split_heads`, which holds the `({heads}, T, T)` scores of all heads at once, and {fused / 1e9:.3f} GB "
         f"({fused / 2**20:.0f} MiB) for `sdpa_causal` (SDPA backend in this run: "
         f"{backends['sdpa_causal', T_max]}), which works through blocks of keys: {naive / fused:.0f} times less. "
@@ -240,12 +274,11 @@ show_table(f"float16, inputs x {factor:.0f}, query = key projection, T = {T}",
 #
 # Finite is not accurate. At this magnitude the float16 rounding of the inputs, the projections
 # and the outputs costs every implementation far more than in the sections above (compare the
-# last column with the largest output); `rope` also rotates its queries and keys in float16
-# before SDPA, one more rounding of large numbers. The attention step alone, on `(B, H, T, D)`
-# tensors with the same queries and keys, separates the two fixes: scaling `q` first avoids the
-# overflow but still rounds every score to float16, whose numbers near the largest scaled score
-# are several units apart (printed above); a kernel that keeps the scores in float32 does not
-# round them.
+# last column with the largest output); where one class stands out, the next section measures
+# why. The attention step alone, on `(B, H, T, D)` tensors with the same queries and keys,
+# separates the two fixes: scaling `q` first avoids the overflow but still rounds every score to
+# float16, whose numbers near the largest scaled score are several units apart (printed above); a
+# kernel that keeps the scores in float32 does not round them.
 
 # %%
 q = k = q_large.transpose(1, 2).half()  # (B, H, T, D): queries equal to keys, as above
@@ -266,6 +299,86 @@ report("q scaled, then @ k.T", torch.softmax(scores.masked_fill(~causal, float("
 for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.MATH):
     with sdpa_kernel(backend):
         report(f"F.scaled_dot_product_attention, {backend.name}", F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+# %% [markdown]
+# ### Why one row can go far wrong
+#
+# The scores here are tens of thousands of units, so rounding the queries and keys to float16,
+# which every class does, moves a score by several units: a lot for a softmax, where a difference
+# of a few units decides which key takes the weight. A row whose two largest scores are nearly
+# equal can then give its weight to the other key, and its output jumps from one value vector to
+# the other. The largest error of each class, where it occurs, and how close that row's two largest
+# exact scores are (`rope`'s rotation changes the scores, and with them which rows are close):
+
+# %%
+from attention.causal.rope import apply_rotary, rotary_cos_sin
+
+D = C // H
+causal_rows = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T), True = attend
+projected = F.linear(x_large.half().double(), half_state["query.weight"].double())  # (B, T, C): exact, from float16 inputs
+q_exact = projected.view(1, T, H, D).transpose(1, 2)  # (B, H, T, D)
+cos, sin = rotary_cos_sin(T, D, 10000.0, "cpu", torch.float64)
+q_exact_rope = apply_rotary(q_exact, cos, sin)  # (B, H, T, D): the exact rotation
+
+
+def top_two_gap(queries):
+    """Per head and query, the gap between the two largest exact scaled scores of `queries @ queries.T`: (B, H, T)."""
+    scores = (queries @ queries.transpose(-2, -1) / math.sqrt(D)).masked_fill(~causal_rows, float("-inf"))
+    top = scores.topk(2, dim=-1).values  # (B, H, T, 2); the first query has one key, its gap is inf
+    return top[..., 0] - top[..., 1]
+
+
+gaps = {None: top_two_gap(q_exact), "rope": top_two_gap(q_exact_rope)}
+rounding = (q_exact.half().double() @ q_exact.half().double().transpose(-2, -1)
+            - q_exact @ q_exact.transpose(-2, -1)).abs().masked_fill(~causal_rows, 0).max().item() / math.sqrt(D)
+rows = []
+for name, cls in tied_classes.items():
+    errors = overflow_errors[name][0].masked_fill(~finite_everywhere[0], -1.0)  # (T,)
+    position = errors.argmax().item()
+    gap = gaps[cls.position_encoding if cls.position_encoding == "rope" else None][0, :, position].min().item()
+    rows.append((f"`{name}`", position, f"{errors[position].item():.2f}", f"{gap:.1f}"))
+largest_name, largest_position, largest_error, largest_gap = max(rows, key=lambda row: float(row[2]))
+others = [float(row[2]) for row in rows if row[0] != largest_name]
+near_tie = float(largest_gap) < rounding
+if largest_name == "`rope`":
+    value_exact = F.linear(x_large.half().double(), half_state["value.weight"].double()).view(1, T, H, D).transpose(1, 2)
+    exact_out = F.scaled_dot_product_attention(q_exact_rope, q_exact_rope, value_exact, is_causal=True)  # (B, H, T, D)
+    roundings = {
+        "rotated exactly, then rounded once to float16": q_exact_rope.half(),
+        "rotated in float32, then rounded once to float16":
+            apply_rotary(q_exact.half().float(), *rotary_cos_sin(T, D, 10000.0, "cpu", torch.float32)).half(),
+        "rotated in float16, as `rope` does (and Hugging Face's Llama)":
+            apply_rotary(q_exact.half(), *rotary_cos_sin(T, D, 10000.0, "cpu", torch.float16)),
+    }
+    rope_rows = {}
+    for label, rotated in roundings.items():  # (B, H, T, D) float16 queries = keys
+        out = F.scaled_dot_product_attention(rotated, rotated, value_exact.half(), is_causal=True)  # (B, H, T, D)
+        rope_rows[label] = (out.double() - exact_out).abs()[0, :, largest_position].max().item()
+
+# %% tags=["hide-input"]
+show_table(f"float16, the position of each class's largest error, and the smallest gap between the two largest exact "
+           f"scores of that query (over the heads), in scaled-score units", ["implementation", "position", "max |error|",
+           "gap between its two largest scores"], rows)
+show_markdown(
+    f"Rounding the queries and keys to float16 moves a scaled score by up to {rounding:.1f} units here. "
+    f"The largest error of all, {largest_name}'s {largest_error} at position {largest_position}, is at a query whose "
+    f"two largest exact scores are {largest_gap} units apart"
+    + (f", less than that rounding: the row's weight can go to either key, and the output with it. The other "
+       f"classes' largest errors are {min(others):.2f} to {max(others):.2f}. So the outlier is a near tie in one row, "
+       "not a rounding spread over the output, and not a bug: with other inputs another row, or no row, would stand out."
+       if near_tie else f", more than that rounding: a near tie does not explain it."))
+if largest_name == "`rope`":
+    show_table(f"`rope` at position {largest_position}, the attention alone (before the output projection): three "
+               "ways of rounding its queries and keys, max |error| in that row", ["queries and keys", "max |error|"],
+               [(label, f"{error:.2f}") for label, error in rope_rows.items()])
+    once, in_float32, in_float16 = rope_rows.values()
+    kind, ratio = prose.ratio_words(in_float16, in_float32)
+    show_markdown(
+        f"Rotated exactly and rounded once, this row's attention output is {once:.2f} off; rotated in float32, then "
+        f"rounded, {in_float32:.2f}; rotated in float16, as `rope` does (like Hugging Face's Llama), {in_float16:.2f}"
+        + (f", {prose.times(ratio)} the float32 rotation's error. Each rounding of numbers this large moves the "
+           "scores by units, and in a near tie that decides how the weight splits between two keys."
+           if kind == "more" else ". The rotation's precision changes little here; the near tie does the rest."))
 
 # %% [markdown]
 # ### Long sequences and the softmax's sum

@@ -284,7 +284,18 @@ for name in ("rope", "alibi", "alibi_flex"):
 
 # %% [markdown]
 # The attention weights of the ALiBi model (from the reference) show the recency bias: heads with a
-# large slope look at the last few tokens, heads with a small slope spread out.
+# large slope look at the last few tokens, heads with a small slope spread out. The slopes differ by
+# factors of 2, so the weights they leave far from the diagonal differ by orders of magnitude: the
+# colours are on a log scale, which keeps those heads apart (on a linear scale every head past the
+# first two looks the same, near black away from the diagonal).
 
 # %% tags=["hide-input"]
-show(plot_attention_weights(weights[0].float(), title="ALiBi attention weights per head (reference, batch 0)"))
+slopes = alibi_slopes(8).tolist()
+show(plot_attention_weights(weights[0].float(), title="ALiBi attention weights per head (reference, batch 0)",
+                            log_scale=True, head_titles=[f"head {h}: slope 1/{round(1 / s)}" for h, s in enumerate(slopes)]))
+span = x.shape[1] - 1  # the largest distance between a query and a key here
+gentle = [h for h, slope in enumerate(slopes) if slope * span < 1]
+show_markdown(f"Over these {x.shape[1]} tokens the largest penalty, `slope * {span}`, is {slopes[0] * span:.1f} logits "
+              f"for head 0 and {slopes[-1] * span:.2f} for head {len(slopes) - 1}"
+              + (f"; heads {gentle[0]} to {gentle[-1]} never subtract even 1 logit, so their weights follow the scores' "
+                 "content and look alike: their slopes matter over thousands of tokens, not dozens." if gentle else "."))

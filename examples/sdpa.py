@@ -21,7 +21,9 @@
 # [memory-efficient kernel](../../glossary/#memory-efficient-kernel) or
 # [cuDNN](../../glossary/#cudnn); on CPU, a flash-style kernel; and the plain
 # [math kernel](../../glossary/#math-kernel) as the fallback. The fused kernels never store the
-# `(T, T)` score matrix: they walk over blocks of keys and keep a running softmax. With
+# `(T, T)` score matrix: they walk over blocks of keys and keep a running softmax (the
+# [online softmax](../tiled/#the-online-softmax-one-row-at-a-time), written out step by step on the
+# previous page). With
 # `is_causal=True` the kernel also knows that every block above the diagonal is masked by the
 # [causal mask](../../glossary/#causal-mask) and skips it. An explicit mask allows any pattern
 # (windows, [padding](../../glossary/#padding-mask)), but the kernel must read it and cannot skip
@@ -224,9 +226,9 @@ show_table("SDPA's CPU kernel for each attn_mask", ["`attn_mask`", "kernel"], ro
 # ## Pitfalls
 #
 # **A float mask is added, not applied.** SDPA adds a floating-point `attn_mask` to the scores. A
-# widely copied class kept `torch.triu(torch.ones(T, T), diagonal=1)` as a buffer (1.0 above the
-# diagonal, the future) and passed it as `attn_mask`, meaning "mask the future". SDPA added it:
-# every future key got +1 on its score and nothing was masked. Casting that buffer with `.bool()`
+# class that keeps `torch.triu(torch.ones(T, T), diagonal=1)` as a buffer (1.0 above the diagonal,
+# the future) and passes it as `attn_mask`, meaning "mask the future", gets it added: every future
+# key gets +1 on its score and nothing is masked. Casting that buffer with `.bool()`
 # does not help either: SDPA reads a boolean True as *attend* (the convention of this package, the
 # opposite of `nn.MultiheadAttention`), so each query would look at the future only, never at
 # itself, and the last query at nothing. Against the float64 reference, with `causal`'s weights:
@@ -293,7 +295,7 @@ print(bottom_right.int())
 # **An fp32 run is not "FlashAttention".** On CUDA, PyTorch's FlashAttention kernel takes only
 # fp16 and bf16 inputs. With fp32 inputs SDPA quietly picks the memory-efficient or the math
 # kernel, so an fp32 benchmark of `sdpa_causal` measures one of those, and calling its numbers
-# "FlashAttention" (as a widely shared benchmark did) is wrong. To know which kernel ran, pin it:
+# "FlashAttention" is wrong. To know which kernel ran, pin it:
 # `with sdpa_kernel(SDPBackend.FLASH_ATTENTION): ...` raises when that kernel cannot take the
 # inputs. On CPU the flash-style kernel does accept fp32, as the checks above show.
 

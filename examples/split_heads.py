@@ -196,23 +196,32 @@ show_table(
         f"{torch_mha_count[False]:,}", "—"],
        ["GPT-2 `c_attn` + `c_proj`", f"{gpt2_attention:,}", gpt2_attention == torch_mha_count[True], "—", "—"]])
 
-matching = [name for name, (with_bias, _, _) in counts.items() if with_bias == torch_mha_count[True]]
-without_bias = {without for _, without, _ in counts.values()}
+# Grouped-query classes (fewer K/V heads than query heads) are another model, with smaller key and value projections.
+grouped = {name: cls(d_model, d_model, context_length, 0.0, num_heads).num_kv_heads for name, cls in IMPLEMENTATIONS.items()
+           if getattr(cls(d_model, d_model, context_length, 0.0, num_heads), "num_kv_heads", num_heads) != num_heads}
+multi_head = {name: count for name, count in counts.items() if name not in grouped}
+matching = [name for name, (with_bias, _, _) in multi_head.items() if with_bias == torch_mha_count[True]]
+without_bias = {without for _, without, _ in multi_head.values()}
+assert len(without_bias) == 1, f"the multi-head classes differ in parameters without biases: {without_bias}"
 per_layer = gpt2_attention + 2 * 2 * d_model + (d_model * mlp_width + mlp_width) + (mlp_width * d_model + d_model)  # + 2 LayerNorms, MLP
 gpt2_total = vocab_size * d_model + context_length * d_model + n_layer * per_layer + 2 * d_model  # + embeddings, final LayerNorm
 show_markdown(
-    f"With `qkv_bias=True`, {len(matching)} of the {len(counts)} registered classes have exactly the "
+    f"With `qkv_bias=True`, {len(matching)} of the {len(multi_head)} registered multi-head classes have exactly the "
     f"{torch_mha_count[True]:,} parameters of `nn.MultiheadAttention({d_model}, {num_heads})` (whose `bias` "
     f"defaults to True) and of GPT-2's "
     f"`c_attn` + `c_proj`: `3 * {d_model}²` query, key and value weights, `{d_model}²` output weights and "
     f"`4 * {d_model}` biases. The position encodings add none (RoPE and ALiBi are computed, not learned). "
-    f"With `qkv_bias=False` every class has {', '.join(f'{n:,}' for n in sorted(without_bias))}: "
+    f"With `qkv_bias=False` every multi-head class has {min(without_bias):,}: "
     f"`nn.MultiheadAttention(bias=False)` has {torch_mha_count[False]:,}, {torch_mha_count[True] - torch_mha_count[False]:,} fewer "
     f"than with `bias=True`, because its one `bias` switch drops the output bias as well, while every class here "
     f"keeps `out.bias` ({min(without_bias) - torch_mha_count[False]:,} parameters). The buffers, not parameters "
     f"and not in the state dict, are the boolean `(context_length, context_length)` causal masks (one per head in "
     f"`stacked_heads`) and the slopes of `alibi_flex`. Across GPT-2 small's {n_layer} layers the attention holds {n_layer * gpt2_attention:,} of "
-    f"the model's {gpt2_total:,} parameters ({n_layer * gpt2_attention / gpt2_total:.0%}).")
+    f"the model's {gpt2_total:,} parameters ({n_layer * gpt2_attention / gpt2_total:.0%}). "
+    + ("The grouped-query classes, " + ", ".join(f"`{name}` ({kv} K/V heads: {counts[name][0]:,} with biases)"
+                                                  for name, kv in grouped.items())
+       + ", have fewer: their key and value projections have fewer heads than their queries "
+       "([Grouped-query and multi-query attention](../gqa/))." if grouped else ""))
 
 # %% [markdown]
 # ## Initialisation and dropout
@@ -320,10 +329,35 @@ print("reshape works:", tuple(context.reshape(2, 16, 32).shape))
 # %% [markdown]
 # **Fused weights have a layout.** `FusedQKVAttention` orders the `3 * d_out` output features as
 # query block, key block, value block, and splits them with `.view(B, T, 3, H, D)`. Viewing them
-# as `(B, T, H, 3, D)` instead (a per-head interleaved layout, which some checkpoints use) also
+# as `(B, T, H, 3, D)` instead (a per-head interleaved layout, the one of GPT-NeoX's
+# `query_key_value` in Hugging Face's `GPTNeoXAttention`) also
 # runs, and silently uses key weights as query weights. Loading a GPT-2 style checkpoint requires
 # the first layout; the canonical state dict spells it out as separate `query`, `key`, `value`.
 #
+# **GPT-2's `c_attn` is stored transposed.** Hugging Face's GPT-2 builds `c_attn` and `c_proj` as
+# `Conv1D` layers (`transformers.pytorch_utils.Conv1D`), which compute `x @ weight + bias` with a
+# weight of shape `(d_in, d_out)`: the transpose of `nn.Linear`'s `(d_out, d_in)`. Its `c_attn`
+# weight is `(d_model, 3 * d_model)`, query, key and value blocks side by side along the last
+# dimension. Loading it takes a `.T` before the split, or every projection silently uses the
+# wrong numbers (for a square block the shapes even match). Here with a random weight in `Conv1D`'s
+# layout, checked against `Conv1D`'s own formula:
+#
+# %%
+torch.manual_seed(0)
+conv1d_weight, conv1d_bias = torch.randn(32, 3 * 32), torch.randn(3 * 32)  # c_attn: (d_in, 3 * d_out), as Conv1D stores it
+qkv_weight, qkv_bias = conv1d_weight.T, conv1d_bias  # (3 * d_out, d_in): nn.Linear's layout
+gpt2_style = {f"{name}.weight": block for name, block in zip(("query", "key", "value"), qkv_weight.split(32))}
+gpt2_style.update({f"{name}.bias": block for name, block in zip(("query", "key", "value"), qkv_bias.split(32))})
+gpt2_style.update({"out.weight": torch.randn(32, 32), "out.bias": torch.randn(32)})
+loaded = FusedQKVAttention(32, 32, 16, 0.0, 4, qkv_bias=True).eval()
+loaded.load_canonical_state_dict(gpt2_style)
+with torch.no_grad():
+    conv1d_out = x @ conv1d_weight + conv1d_bias  # (B, T, 3 * d_out): what GPT-2's c_attn computes
+    print(f"fused_qkv's qkv(x) against Conv1D's x @ W + b: max |difference| = "
+          f"{(loaded.qkv(x) - conv1d_out).abs().max().item():.1e}")
+    torch.testing.assert_close(loaded.qkv(x), conv1d_out)
+
+# %% [markdown]
 # **Scale by the head size.** The scores are divided by `sqrt(D)`, the size of the vectors in
 # each dot product, not by `sqrt(d_out)`. With `H` heads the wrong choice shrinks every score by
 # `sqrt(H)` and flattens the softmax:

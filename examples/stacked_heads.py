@@ -235,7 +235,7 @@ show_markdown("\n".join(summary))
 #   Copies of the wrapper that apply it whole, without cutting it to the input's length
 #   (`causal_mask[:T, :T]`, as `CausalHead.forward` does), work only when `T == context_length`
 #   exactly. Below, a wrapper built that way (`d_out` per head, no output projection, the mask
-#   applied whole, as in one of the write-ups this project grew from) next to this class, converted as above. With the
+#   applied whole) next to this class, converted as above. With the
 #   same head weights and an identity output projection, both agree at `T = context_length`; at a
 #   shorter `T` the wrapper fails:
 

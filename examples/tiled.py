@@ -1,14 +1,18 @@
 # %% [markdown]
-# # FlashAttention's algorithm in plain PyTorch
+# # Tiled attention (FlashAttention's algorithm)
 #
 # This page shows why FlashAttention is exact and yet needs memory that grows only linearly with
 # the sequence length: the online softmax, step by step, then the tiles, then the backward pass
 # that recomputes instead of storing. It assumes the [split-heads](../split_heads/) page (the
-# `(B, H, T, D)` layout) and the [SDPA](../sdpa/) page (what a fused kernel is).
+# `(B, H, T, D)` layout). The fused kernels of the next pages,
+# [scaled_dot_product_attention](../sdpa/) and [FlexAttention](../flex/), run this algorithm in
+# compiled code; this page is where it is written out.
 #
 # `TiledAttention` (`attention/causal/tiled.py`, registered as `tiled`) is the algorithm written
 # in PyTorch operations, a tile at a time: it is checked against the float64 reference like every
-# class, and it is slow (a Python loop over tiles), because its point is to be read.
+# class, and its tiles run from a Python loop, because its point is to be read. How fast that is,
+# against the class that writes the scores out and against PyTorch's fused kernel, is measured at
+# the end of the page.
 #
 # API reference: [`attention.causal.tiled`](../../api/causal/tiled/).
 
@@ -20,6 +24,7 @@ from matplotlib.figure import Figure
 
 from attention.causal.split_heads import SplitHeadsAttention
 from attention.causal.tiled import TiledAttention, tiled_attention
+from attention import prose
 from attention.display import show, show_markdown, show_table
 from attention.reference import reference_causal_self_attention
 
@@ -134,33 +139,56 @@ print(f"T = 100, block_size = 16: largest difference from the float64 reference 
 # `m + log l`. In the backward pass it recomputes each tile's weights as `exp(s - lse)` from `Q`
 # and `K`, and uses `Σ_j P_ij dP_ij = dO_i · O_i` to finish the softmax's gradient without the
 # full row. That costs one more `Q Kᵀ` per tile, and saves all the memory the weights would need.
-# Count what each class keeps for the backward pass, at `T = 1024`:
+# Count what each class keeps for the backward pass, at `T = 1024`, each tensor once (a tensor
+# several operations save, such as the input `x` of the three projections, is kept once), split
+# into the projections' weights, the module's input and what the attention itself keeps:
 
 # %%
-def saved_bytes(module, x):
-    """Bytes of the tensors autograd saves for the backward pass of one forward call."""
-    sizes = []
+def saved_tensors(module, x):
+    """The tensors autograd keeps for the backward pass of one forward call: {storage address: (bytes, shape)}."""
+    saved = {}
 
     def pack(tensor):
-        sizes.append(tensor.numel() * tensor.element_size())
+        storage = tensor.untyped_storage()
+        saved.setdefault(storage.data_ptr(), (storage.nbytes(), tuple(tensor.shape)))
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         module(x)
-    return sum(sizes)
+    return saved
 
 
-x = torch.randn(1, 1024, 768, requires_grad=True)
-split = SplitHeadsAttention(768, 768, 1024, 0.0, 12)
-tiled = TiledAttention(768, 768, 1024, 0.0, 12)
+B, T, C, H = 1, 1024, 768, 12
+x = torch.randn(B, T, C, requires_grad=True)
+split = SplitHeadsAttention(C, C, T, 0.0, H)
+tiled = TiledAttention(C, C, T, 0.0, H)
 tiled.load_canonical_state_dict(split.canonical_state_dict())
+kept = {}
 for name, module in (("split_heads", split), ("tiled", tiled)):
-    print(f"{name:12} saves {saved_bytes(module, x) / 2**20:7.1f} MiB for the backward pass")
+    weights = {parameter.untyped_storage().data_ptr() for parameter in module.parameters()}
+    saved = saved_tensors(module, x)
+    parts = {"weights": 0, "input x": 0, "attention": 0}
+    for address, (nbytes, shape) in saved.items():
+        part = "weights" if address in weights else "input x" if address == x.untyped_storage().data_ptr() else "attention"
+        parts[part] += nbytes
+    kept[name] = parts
+
+# %% tags=["hide-input"]
+show_table(f"Tensors kept for the backward pass, B = {B}, T = {T:,}, d_model {C}, {H} heads, float32 (MiB, each tensor once)",
+           ["class", "projection weights", "input x", "the attention's own", "total"],
+           [(f"`{name}`", *(f"{parts[key] / 2**20:.2f}" for key in parts), f"{sum(parts.values()) / 2**20:.2f}")
+            for name, parts in kept.items()])
+D = C // H
+qkvo_lse = (4 * B * H * T * D + B * H * T) * 4  # Q, K, V, O (B, H, T, D) and the log-sum-exp (B, H, T), float32
+assert kept["tiled"]["attention"] == qkvo_lse, "tiled keeps exactly Q, K, V, O and the log-sum-exp"
+weights_bytes = B * H * T * T * 4
+show_markdown(
+    f"The projection weights and the input are the same for both classes. Of its own, `tiled` keeps exactly `Q`, `K`, "
+    f"`V`, `O` and one log-sum-exp per query and head: {qkvo_lse / 2**20:.2f} MiB. `split_heads` keeps "
+    f"{kept['split_heads']['attention'] / 2**20:.2f} MiB, of which the `(B, H, T, T)` attention weights are "
+    f"{weights_bytes / 2**20:.0f} MiB, a share that grows like `T²`.")
 
 # %% [markdown]
-# `split_heads` keeps the `(B, H, T, T)` weights (and more) for its backward pass; `tiled` keeps
-# `Q`, `K`, `V`, `O` and one log-sum-exp per query and head.
-#
 # ## Measured: peak memory and time against T
 #
 # The long profile of the benchmark (`python -m attention.bench --profile long`) runs the naive
@@ -208,16 +236,51 @@ show_markdown(
 
 # %% [markdown]
 # Time is the other side of the trade. `tiled` runs one small matmul per tile from Python, and
-# recomputes the scores in its backward pass; the fused kernel does the same work in C++:
+# recomputes the scores in its backward pass; `split_heads` does one large matmul per step, but
+# writes every `(B, H, T, T)` intermediate out to memory and reads it back, in both passes. That
+# memory traffic is FlashAttention's argument (Dao et al., 2022, <https://arxiv.org/abs/2205.14135>,
+# section 2): a tile of scores small enough to stay in the processor's caches costs far less to
+# write and read than a score matrix that only fits in main memory. The recorded run:
 
 # %% tags=["hide-input"]
 show_markdown("Forward + backward, median ms per call:\n\n" + render.sweep_table(long_run, "forward_backward", "ms_median"))
+long_label = prose.file_label(f"docs/results/long/{long_path.name}", render.is_stale(long_run))
+training = {label: {t: r["ms_median"] for (name, mode, t), r in rows.items()
+                    if name == label and mode == "forward_backward" and r["status"] == "ok"}
+            for label in ("split_heads", "tiled", "sdpa_causal")}
+score_mib = {t: 12 * t * t * 4 / 2**20 for t in training["split_heads"]}  # one (1, 12, T, T) float32 tensor
+tile_kib = 12 * TiledAttention(768, 768, 8, 0.0, 12).block_size ** 2 * 4 / 2**10  # one tile of scores, every head
+show_markdown(prose.tiled_against_naive_sentence(long_label, training["tiled"], training["split_heads"])
+              + f" One `(B, H, T, T)` score tensor of this run is {score_mib[max(score_mib)]:,.0f} MiB at "
+              f"`T = {max(score_mib):,}`; one tile of scores of `tiled`, every head, is {tile_kib:,.0f} KiB.")
 at = {label: rows.get((label, "forward_backward", longest)) for label in ("tiled", "sdpa_causal")}
 if all(r and r["status"] == "ok" for r in at.values()):
-    show_markdown(f"At `T = {longest}`, forward + backward, `tiled` takes {render.number(at['tiled']['ms_median'])} ms "
-                  f"and `sdpa_causal` {render.number(at['sdpa_causal']['ms_median'])} ms: "
-                  f"{at['tiled']['ms_median'] / at['sdpa_causal']['ms_median']:.1f} times as long, for the same "
-                  f"O(T) memory. The algorithm is the same; the difference is the kernel.")
+    kind, ratio = prose.ratio_words(at["tiled"]["ms_median"], at["sdpa_causal"]["ms_median"])
+    show_markdown(f"Against the fused kernel, at `T = {longest:,}`: `tiled` takes {render.number(at['tiled']['ms_median'])} ms "
+                  f"and `sdpa_causal` {render.number(at['sdpa_causal']['ms_median'])} ms, "
+                  + (f"{prose.times(ratio)} as long, for the same O(T) memory: the algorithm is the same, the "
+                     "difference is the kernel (one C++ loop over tiles, against Python's)." if kind == "more"
+                     else "about as long or less, for the same O(T) memory."))
+
+compiled_path = render.RESULTS_DIR / "cpu-intel-xeon-2c-float32-compiled.json"
+compiled_run = render.load_result(compiled_path)
+
+
+def compiled_row(label, mode):
+    return next(row for row in render.shape_rows(compiled_run, mode) if row["label"] == f"{label} (compiled)")
+
+
+compiled = {render.MODE_TITLES[mode]: (compiled_row("tiled", mode)["ms_median"], compiled_row("sdpa_causal", mode)["ms_median"])
+            for mode in ("forward", "forward_backward")}
+from attention.bench.schema import CONTENDED_BELOW
+
+contended = [f"`{row['label']}`, {render.MODE_TITLES[mode]}, at {row['cpu_utilization']:.0%} of the CPU"
+             for mode in ("forward", "forward_backward") for row in (compiled_row(label, mode) for label in ("tiled", "sdpa_causal"))
+             if (row["cpu_utilization"] or 1.0) < CONTENDED_BELOW]
+show_markdown(prose.compiled_sentence(prose.file_label(compiled_path.name, render.is_stale(compiled_run)),
+                                      compiled_run["config"]["seq_len"], compiled)
+              + (f" Measured while other processes took the CPU (these times overstate the cost): {'; '.join(contended)}."
+                 if contended else ""))
 
 # %% [markdown]
 # The whole run, with every length, both modes and the block-sparse measurements, is on

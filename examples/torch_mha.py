@@ -146,9 +146,8 @@ print(f"per-head weights   max |weights - reference| = {error:.2e}")
 # %% [markdown]
 # ## Pitfalls
 #
-# **Two output projections.** `nn.MultiheadAttention` already ends in `out_proj`. A widely
-# copied wrapper added its own `nn.Linear(d_out, d_out)` after it, so the module applied two
-# output projections: an extra `d_out * (d_out + 1)` parameters, a different function from every
+# **Two output projections.** `nn.MultiheadAttention` already ends in `out_proj`. A wrapper that
+# adds its own `nn.Linear(d_out, d_out)` after it applies two output projections: an extra `d_out * (d_out + 1)` parameters, a different function from every
 # other implementation, and weights that could not be exchanged with them. (The copy below also
 # keeps `nn.MultiheadAttention`'s default query/key/value biases, `3 * d_out` more parameters than
 # ours built with `qkv_bias=False`.) With the same canonical weights:

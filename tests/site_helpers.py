@@ -173,6 +173,50 @@ async (perImageTimeoutMs) => {
 # mkdocs-material's copy button on a code block: `button.md-clipboard` up to 9.6, a
 # `nav.md-code__nav > button.md-code__button[data-md-type=copy]` since; either names its code
 # in `data-clipboard-target`.
+# What a reader on a phone would see cut off or have to scroll the page for, at the current viewport:
+# the page scrolling sideways, and any element of the content that reaches past the screen's edge
+# without a scrolling box (a table's wrapper, a code block, a notebook output) around it that fits;
+# and printed text (show_shape) that wraps, which breaks its aligned columns. Each entry names the
+# element, its width and how far past the edge it reaches.
+PHONE_WIDTH_JS = """
+() => {
+  const width = document.documentElement.clientWidth;
+  const problems = [];
+  if (document.documentElement.scrollWidth > width + 1) {
+    problems.push(`the page scrolls sideways: ${document.documentElement.scrollWidth}px wide on a ${width}px screen`);
+  }
+  const content = document.querySelector('.md-content');
+  if (!content) return problems;
+  const scrolls = (el) => ['auto', 'scroll', 'hidden', 'clip'].includes(getComputedStyle(el).overflowX);
+  const describe = (el) => el.tagName.toLowerCase() + (el.className && typeof el.className === 'string'
+    ? '.' + el.className.trim().split(/\\s+/).slice(0, 2).join('.') : '') + (el.alt ? ` "${el.alt.slice(0, 60)}"` : '');
+  const seen = new Set();
+  for (const el of content.querySelectorAll('*')) {
+    const box = el.getBoundingClientRect();
+    if (box.width === 0 || (box.right <= width + 1 && box.left >= -1)) continue;
+    let clipped = false;  // inside a box that scrolls or clips, which itself is checked
+    for (let up = el.parentElement; up && up !== content; up = up.parentElement) {
+      if (scrolls(up)) { clipped = true; break; }
+    }
+    if (clipped) continue;
+    let outer = el;  // report the outermost offender only
+    while (outer.parentElement && outer.parentElement !== content && seen.has(outer.parentElement)) outer = outer.parentElement;
+    seen.add(el);
+    if (outer !== el) continue;
+    problems.push(`${describe(el)}: ${Math.round(box.width)}px wide, reaches ${Math.round(box.right)}px on a ${width}px screen`);
+  }
+  for (const img of content.querySelectorAll('img')) {  // a figure is never wider than the screen, scrolling or not
+    const box = img.getBoundingClientRect();
+    if (box.width > width + 1) problems.push(`${describe(img)}: an image ${Math.round(box.width)}px wide on a ${width}px screen`);
+  }
+  for (const pre of content.querySelectorAll('.jp-RenderedText pre')) {
+    const wrap = getComputedStyle(pre).whiteSpace;
+    if (wrap !== 'pre') { problems.push(`printed text wraps (white-space: ${wrap}): its columns break`); break; }
+  }
+  return problems.slice(0, 20);
+}
+"""
+
 COPY_BUTTON = "button.md-clipboard, button.md-code__button[data-md-type=copy]"
 
 # Runs in the page: what one page offers to check.

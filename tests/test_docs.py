@@ -473,3 +473,115 @@ def test_benchmark_commands_in_the_docs_parse():
             continue
         if not parsed.validate:
             config_from_args(parsed)  # every size and option builds a config (the device is checked when run)
+
+
+# ----------------------------------------------------------------------------------------------
+# What the README and the Getting started page tell a new user
+# ----------------------------------------------------------------------------------------------
+
+
+def generated_hook():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("generated_hook", ROOT / "docs" / "_hooks" / "generated.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def readme_section(title):
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index(f"## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else None]
+
+
+def test_readme_use_snippet_runs_and_prints_from_the_folder_that_holds_the_clone(tmp_path):
+    """The "Use" snippet, run as a script from the clone and from the folder that holds it (the README clones
+    into a folder named `attention-repo`, which Python does not mistake for the package)."""
+    blocks = [body for body in (textwrap.dedent(m["body"]) for m in FENCE.finditer(readme_section("Use")))
+              if "attention.IMPLEMENTATIONS" in body]
+    assert blocks, "the README's Use section has no snippet"
+    script = tmp_path / "use.py"
+    script.write_text(blocks[0])
+    holder = tmp_path / "projects"
+    holder.mkdir()
+    (holder / generated_hook().CLONE_FOLDER).symlink_to(ROOT)
+    assert f"git clone <this repository's URL> {generated_hook().CLONE_FOLDER}" in readme_section("Set up")
+    env = {key: value for key, value in script_env().items() if key != "PYTHONPATH"}  # the installed package
+    for cwd in (ROOT, holder):
+        run = subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True,
+                             timeout=SCRIPT_TIMEOUT_S)
+        assert run.returncode == 0, f"from {cwd}:\n{run.stderr[-3000:]}"
+        assert "sdpa_causal" in run.stdout and "(2, 16, 768)" in run.stdout and "max |difference| = " in run.stdout
+
+
+def test_readme_quotes_the_recorded_default_runs_durations():
+    """The README's time of the default benchmark profile quotes recorded runs by name: each minute count
+    must be that file's recorded duration."""
+    from attention.bench import render
+
+    quoted = re.findall(r"(\d+) min\s*\(`(docs/results/[\w.-]+\.json)`", (ROOT / "README.md").read_text(encoding="utf-8"))
+    assert len(quoted) >= 2, quoted
+    for minutes, path in quoted:
+        result = render.load_result(ROOT / path)
+        assert result["config"]["profile"] == "default", path
+        assert int(minutes) == round(result["provenance"]["duration_s"] / 60), (path, minutes)
+
+
+def test_the_stated_torch_floor_is_the_release_the_commands_install():
+    """pyproject.toml's `torch>=` is the release the README's commands (and so CI) install: the floor is tested."""
+    floor, pin = generated_hook().torch_versions(ROOT)
+    assert pin.startswith(floor + "."), (floor, pin)
+    for marker in ("docs command", "test command"):
+        text = (ROOT / "README.md").read_text(encoding="utf-8")
+        assert f"torch=={pin} " in text[text.index(f"<!-- {marker} -->"):][:300], marker
+
+
+def test_install_lines_use_repo_url_else_the_origin_else_the_checkout(tmp_path):
+    hook = generated_hook()
+    url = "https://github.com/example/attention"
+    assert hook.repository_source(ROOT, {"REPO_URL": url}) == url
+    lines = hook.install_lines(url)
+    assert f'python -m pip install "git+{url}"' in lines
+    assert f"git clone {url} {hook.CLONE_FOLDER} && cd {hook.CLONE_FOLDER}" in lines
+    assert f"--extra-index-url {hook.CPU_INDEX}" in lines and "python -m venv .venv" in lines
+    # A checkout without a remote: its own path, which git clones as it is.
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    subprocess.run(["git", "init", "-q", str(checkout)], check=True)
+    (checkout / "f.txt").write_text("x")
+    subprocess.run(["git", "-C", str(checkout), "add", "f.txt"], check=True)
+    subprocess.run(["git", "-C", str(checkout), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"],
+                   check=True)
+    source = hook.repository_source(checkout, {})
+    assert source == str(checkout.resolve())
+    lines = hook.install_lines(source)
+    assert f'"git+{checkout.resolve().as_uri()}"' in lines
+    clone_line = next(line.strip() for line in lines.splitlines() if line.strip().startswith("git clone"))
+    clone = subprocess.run(clone_line.split(" && ")[0].split(), cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert clone.returncode == 0 and (tmp_path / hook.CLONE_FOLDER / "f.txt").exists(), clone.stderr
+    subprocess.run(["git", "-C", str(checkout), "remote", "add", "origin", url], check=True)
+    assert hook.repository_source(checkout, {}) == url
+
+
+def test_snippet_outputs_show_what_the_blocks_above_printed():
+    hook = generated_hook()
+    page = ('```python\nx = 2\nprint(x)\n```\n\n<!-- output -->\n\n=== "Tab"\n\n    ```python\n    print(x * 3)\n'
+            '    ```\n\n    <!-- output -->\n')
+    out = hook.snippet_outputs(page, ROOT, "page.md")
+    assert "<!-- output -->" not in out
+    assert '``` text title="Output (printed when this site was built)"\n2\n```' in out
+    assert '    ``` text title="Output (printed when this site was built)"\n    6\n    ```' in out
+    with pytest.raises(ZeroDivisionError):
+        hook.snippet_outputs("```python\n1 / 0\n```\n<!-- output -->\n", ROOT, "broken.md")
+
+
+def test_pages_with_snippets_show_their_output():
+    """Every ```python block of the home and Getting started pages is followed by its printed output."""
+    for name in ("index.md", "getting-started.md"):
+        text = (ROOT / "docs" / name).read_text(encoding="utf-8")
+        blocks = [m for m in FENCE.finditer(text) if m["info"].split()[:1] in (["python"], ["py"])]
+        for block in blocks:
+            following = text[block.end():].lstrip()
+            assert following.startswith("<!-- output -->"), f"{name}: a python block without <!-- output --> after it"

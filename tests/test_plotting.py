@@ -31,6 +31,10 @@ FIGURES = {
     "alibi": (lambda: plotting.plot_alibi(6, 8), 7),
     "alibi_symmetric": (lambda: plotting.plot_alibi(4, 8, causal=False), 5),
     "attention_weights": (lambda: plotting.plot_attention_weights(torch.softmax(torch.randn(3, 5, 7), dim=-1)), 4),
+    "attention_weights_log": (lambda: plotting.plot_attention_weights(
+        torch.softmax(torch.randn(3, 5, 5), dim=-1).tril(), log_scale=True, head_titles=["a", "b", "c"]), 4),
+    "masks_after_a_cache": (lambda: plotting.plot_masks(
+        {"chunk": torch.ones(5, 15, dtype=torch.bool).tril(10)}, q_offset=10), 2),
     "heatmaps": (lambda: plotting.plot_heatmaps(
         {"float16": [[1.0, 2.5], [3.0, float("nan")]], "bfloat16": torch.tensor([[1.5, 1.0], [2.0, 4.0]])},
         ["split_heads", "sdpa_causal"], [128, 256], "sequence length T (tokens)", "implementation",
@@ -176,15 +180,15 @@ def test_show_source_prints_the_file_and_the_dedented_source(capsys):
     assert out.endswith("return \" \".join(text.split())  # one line: titles may hold newlines\n\n")
 
 
-def test_show_shape_aligns_label_shape_and_letters(capsys):
+def test_show_shape_puts_the_shapes_first_in_aligned_columns(capsys):
     display.show_shape("x", torch.zeros(2, 4, 6), "(B, T, d_in)")
     display.show_shape("q = query(x).view(B, T, H, D).transpose(1, 2)", torch.zeros(2, 2, 4, 3), "(B, H, T, D)")
-    display.show_shape("mask", dense_mask(causal, 4, 4), "(T, T)", width=10)
+    display.show_shape("mask", dense_mask(causal, 4, 4), "(T, T)")
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "x" + " " * 48 + "(2, 4, 6)" + " " * 8 + "(B, T, d_in)"
-    assert lines[1].index("(2, 2, 4, 3)") == lines[0].index("(2, 4, 6)") == 48 + 1
-    assert lines[1].index("(B, H, T, D)") == lines[0].index("(B, T, d_in)")
-    assert lines[2] == "mask       (4, 4)           (T, T)"
+    assert lines[0] == "(2, 4, 6)" + " " * 8 + "(B, T, d_in)" + " " * 13 + "x"
+    assert lines[1].index("(B, H, T, D)") == lines[0].index("(B, T, d_in)") == 17
+    assert lines[1].index("q = query") == lines[0].index("x") == lines[2].index("mask") == 42
+    assert lines[2].startswith("(4, 4)")
 
 
 def test_text_helpers_display_markdown_in_ipython():
@@ -204,3 +208,41 @@ def test_text_helpers_display_markdown_in_ipython():
         "**bold**", "**Errors**\n\n| name | error |\n|---|---|\n| `flex` | 0.5 |"]
     source = captured.outputs[2].data["text/markdown"]
     assert source.startswith("```python\n# attention/plotting.py: figure_alt\ndef figure_alt(fig):") and source.endswith("\n```")
+
+
+def test_masks_after_a_cache_label_the_queries_by_position():
+    fig = plotting.plot_masks({"chunk": torch.ones(5, 15, dtype=torch.bool).tril(10)}, q_offset=10)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["Q10", "Q11", "Q12", "Q13", "Q14"]
+    assert fig.axes[0].get_xticklabels()[0].get_text() == "KV0"
+    with pytest.raises(ValueError, match="q_offset=3 labels tensor masks only"):
+        plotting.plot_masks({"causal": causal}, q_len=4, q_offset=3)
+    with pytest.raises(ValueError, match="q_offset must be non-negative"):
+        plotting.plot_masks({"chunk": torch.ones(2, 2, dtype=torch.bool)}, q_offset=-1)
+
+
+def test_log_scale_weights_tell_small_weights_apart():
+    """On a log scale two weights 100x apart, both far below the largest, get different colours."""
+    weights = torch.tensor([[[1.0, 0.0], [0.99, 0.0099]]])  # (H, Tq, Tk)
+    fig = plotting.plot_attention_weights(weights, log_scale=True)
+    image = fig.axes[0].images[0]
+    small, tiny = image.to_rgba(0.0099), image.to_rgba(0.99)
+    assert small != tiny and image.norm.vmin == plotting.LOG_SCALE_FLOOR
+    with pytest.raises(ValueError, match="head_titles must name the 1 heads"):
+        plotting.plot_attention_weights(weights, head_titles=["a", "b"])
+
+
+def test_sweep_chart_guides_start_at_the_data():
+    """The O(T) and O(T²) guides of a memory chart never reach below the lowest measured value (a guide
+    drawn from the shortest T pulled the axis down to 0.03 MiB on the tiled page)."""
+    import pathlib
+
+    from attention.bench import render
+
+    run = render.load_result(pathlib.Path(__file__).resolve().parents[1] / "docs" / "results" / "long"
+                             / "cpu-intel-xeon-2c-float32-long.json")
+    fig = render.plot_memory_vs_seq_len(run, "forward")
+    ax = fig.axes[0]
+    data = [y for line in ax.lines if not line.get_label().startswith("O(") for y in line.get_ydata()]
+    guides = [line for line in ax.lines if line.get_label().startswith("O(")]
+    assert len(guides) == 2
+    assert all(min(line.get_ydata()) >= min(data) * 0.999 for line in guides)

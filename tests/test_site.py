@@ -23,6 +23,7 @@ from site_helpers import (
     COPY_BUTTON,
     NAV_LINKS_JS,
     PAGE_FACTS_JS,
+    PHONE_WIDTH_JS,
     SiteServer,
     element_ids,
     fetch,
@@ -355,6 +356,20 @@ def test_no_request_leaves_localhost(walk):
 def test_every_code_block_has_a_copy_button(walk):
     problems = walk.copy_problems
     assert not problems, "code blocks without a copy button:\n" + _listing(problems)
+
+
+def test_phone_width_nothing_is_wider_than_the_screen(walk, new_context):
+    """At 390 px every page fits the screen: no sideways page scroll, no figure, table or output past the
+    edge (wide content scrolls inside its own box), and printed shape walk-throughs keep their lines."""
+    context, recorder = new_context(PHONE)
+    page = context.new_page()
+    problems = []
+    for url in walk.pages:
+        page.goto(url)
+        page.evaluate(CHECK_IMAGES_JS, IMAGE_TIMEOUT_MS)  # images loaded, so they have their laid-out size
+        problems += [f"{walk.rel(url) or '(home)'}: {problem}" for problem in page.evaluate(PHONE_WIDTH_JS)]
+    assert not problems, f"wider than a {PHONE['viewport']['width']} px screen:\n" + _listing(problems)
+    recorder.assert_clean("the phone-width walk")
 
 
 # ----------------------------------------------------------------------------------------------

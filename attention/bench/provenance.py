@@ -19,7 +19,7 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]  # .../attention
 REPO_DIR = PACKAGE_DIR.parent
 
 # Modules that only draw or format results and never run while measuring: left out of the hash.
-PRESENTATION_ONLY = ("bench/compare.py", "bench/format.py", "bench/render.py", "display.py", "plotting.py")
+PRESENTATION_ONLY = ("bench/compare.py", "bench/format.py", "bench/render.py", "display.py", "plotting.py", "prose.py")
 
 
 def source_files(package_dir=PACKAGE_DIR):

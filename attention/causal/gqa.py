@@ -4,7 +4,7 @@ Grouped-query attention (GQA, Ainslie et al., 2023, https://arxiv.org/abs/2305.1
 `num_heads` query heads but only `num_kv_heads` key/value heads: each K/V head is shared by a group
 of `num_heads // num_kv_heads` consecutive query heads. `num_kv_heads == num_heads` is ordinary
 multi-head attention; `num_kv_heads == 1` is multi-query attention (MQA, Shazeer, 2019,
-https://arxiv.org/abs/1911.02150). Llama 3, Mistral, Gemma and Qwen use GQA: the key and value
+https://arxiv.org/abs/1911.02150). Llama 3, Mistral, Gemma 2 and Qwen use GQA: the key and value
 projections shrink, and so does the KV cache that decoding reads at every step.
 
 Decoding with a cache: `cache = module.new_cache(batch_size, capacity)`, then `module(x, cache=cache)`

@@ -1,26 +1,123 @@
 """MkDocs hook: what pages say that is generated from the code or the build, so it cannot drift.
 
 `on_config` records what the site is built from (git commit, date, torch and Python versions) for
-the footer of every page (docs/_overrides/partials/copyright.html), and takes `site_url` from the
-`SITE_URL` environment variable when set (the deploy workflow sets the GitHub Pages address).
+the footer of every page (docs/_overrides/partials/copyright.html), takes `site_url` from the
+`SITE_URL` environment variable when set (the deploy workflow sets the GitHub Pages address), and
+finds the repository the install lines point at (`repository_source`): `REPO_URL` when set (the
+deploy workflow sets it from `${{ github.server_url }}/${{ github.repository }}`), else the `origin`
+remote of the checkout, else the checkout's own path, so a copied line always works. A web address
+also becomes the site's `repo_url` (the repository link in the header).
 
 `on_page_markdown` replaces these placeholders:
 
+* `<!-- install-lines -->` (getting-started.md): the install commands, with the repository's address.
 * `<!-- quick-profile -->` (getting-started.md): the benchmark's quick profile, from `quick_config`.
+* `<!-- torch-floor -->`, `<!-- torch-pin -->` (getting-started.md): the oldest PyTorch the package
+  accepts (pyproject.toml's `torch>=` requirement) and the release the README's commands install.
 * `<!-- class-limits -->` (index.md): which registered classes refuse which constructor arguments,
   found by building each class with them and catching the error it raises.
+* `<!-- decision-table -->` (index.md): which class to use per use and device, read from the
+  recorded results files (`attention.prose.decision_table`).
 * `<!-- registry-table -->` (api/registry.md): every registered name, its class, file and summary.
+* `<!-- output -->` (any page): the standard output of the page's ```python blocks above it, run in
+  one namespace per page from the repository root (the tests run the same blocks the same way), shown
+  as a text block: what a reader sees under a snippet is what it printed when the site was built.
 """
 
+import contextlib
 import datetime
 import inspect
+import io
 import os
+import pathlib
 import platform
+import re
 import subprocess
+import textwrap
 import warnings
 
 # Constructor calls that some classes refuse on purpose: (what, positional arguments).
 LIMIT_PROBES = (("dropout > 0", (64, 64, 32, 0.1, 4)), ("d_in != d_out", (48, 64, 32, 0.0, 4)))
+# The folder the clone lines clone into: not `attention`, the package's own name, because Python run from
+# the folder that holds the clone would import that folder (a namespace package) instead of the package.
+CLONE_FOLDER = "attention-repo"
+# PyTorch's index of CPU-only wheels: on Linux, PyPI's torch is the CUDA build (several GB).
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+OUTPUT_MARK = "<!-- output -->"
+PYTHON_FENCE = re.compile(r"^(?P<indent>[ \t]*)```+[ \t]*(?:python|py)\b[^\n]*\n(?P<body>.*?)^(?P=indent)```+[ \t]*$",
+                          re.MULTILINE | re.DOTALL)
+
+state = {"root": None, "source": None}
+
+
+def git(root, *args):
+    """The stripped output of `git *args` in `root`, or "" where git or the repository is missing."""
+    try:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def repository_source(root, environ=os.environ):
+    """Where the install lines get the code: `REPO_URL`, else the `origin` remote, else the checkout's path."""
+    return environ.get("REPO_URL") or git(root, "remote", "get-url", "origin") or str(pathlib.Path(root).resolve())
+
+
+def is_web_address(source):
+    return source.startswith(("https://", "http://"))
+
+
+def install_lines(source):
+    """Markdown: the install commands for `source` (a URL or a local path), in content tabs."""
+    pip_source = source if "://" in source or source.startswith("git@") else pathlib.Path(source).as_uri()
+    requirement = f'"git+{pip_source}"'  # not "attention @ git+...": pip 23 refuses that form for a file:// URL
+    where = (f"the repository, <{source}>" if is_web_address(source)
+             else f"the repository (`{source}`: this site was built from a checkout without a web address)")
+    return textwrap.dedent(f"""\
+        The code is in {where}. Make a virtual environment first, so the install touches nothing else
+        (Windows: `.venv\\Scripts\\activate`):
+
+        ```bash
+        python -m venv .venv && . .venv/bin/activate
+        ```
+
+        === "Use the package"
+
+            ```bash
+            python -m pip install {requirement}
+            ```
+
+            On Linux, PyPI's `torch` is the CUDA build, several gigabytes. Without an NVIDIA GPU, take
+            PyTorch's CPU build instead (as the deploy workflow does):
+
+            ```bash
+            python -m pip install --extra-index-url {CPU_INDEX} {requirement}
+            ```
+
+        === "From a clone (to work on it)"
+
+            ```bash
+            git clone {source} {CLONE_FOLDER} && cd {CLONE_FOLDER}
+            python -m pip install -e .
+            ```
+
+            Add `--extra-index-url {CPU_INDEX}` to the install on Linux without an NVIDIA GPU. The
+            folder is not called `attention`: Python run from the folder that holds it would import that
+            folder instead of the package. The README's two commands (serve the site, run the tests)
+            run from inside it.
+        """)
+
+
+def torch_versions(root):
+    """`(floor, pin)`: the `torch>=` of pyproject.toml's dependencies and the `torch==` of the README's test command."""
+    # A regular expression, not tomllib: the package supports Python 3.10, which has no tomllib.
+    pyproject = (pathlib.Path(root) / "pyproject.toml").read_text()
+    floor = re.search(r'^dependencies = \[[^\]]*"torch\s*>=\s*([\w.]+)"', pyproject, re.MULTILINE)[1]
+    readme = (pathlib.Path(root) / "README.md").read_text()
+    command = readme[readme.index("<!-- test command -->"):]
+    pin = re.search(r"torch==([\w.]+)", command[:command.index("```", command.index("```") + 3)])[1]
+    return floor, pin
 
 
 def on_config(config):
@@ -29,17 +126,13 @@ def on_config(config):
     import torch
 
     root = os.path.dirname(os.path.abspath(config.config_file_path))
-
-    def git(*args):
-        try:
-            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30,
-                                  check=True).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
+    state["root"] = root
+    state["source"] = repository_source(root)
+    if is_web_address(state["source"]):
+        config["repo_url"] = state["source"]
     config.extra["build"] = {
-        "commit": git("rev-parse", "--short=12", "HEAD") or "not a git checkout",
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "commit": git(root, "rev-parse", "--short=12", "HEAD") or "not a git checkout",
+        "dirty": bool(git(root, "status", "--porcelain", "--untracked-files=no")),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -77,13 +170,68 @@ def registry_table():
     return "\n".join(lines)
 
 
+def decision_table(results_dir):
+    """The home page's table, from every recorded results file (default, decode and long profiles)."""
+    from attention import prose
+    from attention.bench import render
+
+    def named(directory):
+        return [(path.name, render.load_result(path)) for path in render.find_results(directory)]
+
+    runs = [(name, result) for name, result in named(results_dir) if result["config"]["profile"] == "default"]
+    return prose.decision_table(prose.split_by_device(runs), prose.split_by_device(named(results_dir / "decode")),
+                                prose.split_by_device(named(results_dir / "long")))
+
+
+def snippet_outputs(markdown, root, where):
+    """`markdown` with each `OUTPUT_MARK` line replaced by what the ```python blocks above it printed.
+
+    The blocks run in order in one namespace, from `root`, each once; a block is not run twice when two
+    marks follow it. A failing block raises, naming `where` and the block's first line.
+    """
+    if OUTPUT_MARK not in markdown:
+        return markdown
+    namespace = {"__name__": "__docs__"}
+    blocks = list(PYTHON_FENCE.finditer(markdown))
+    done, parts, position = 0, [], 0
+    for mark in re.finditer(rf"^(?P<indent>[ \t]*){re.escape(OUTPUT_MARK)}[ \t]*$", markdown, re.MULTILINE):
+        printed = io.StringIO()
+        previous = os.getcwd()
+        os.chdir(root)
+        try:
+            with contextlib.redirect_stdout(printed), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                while done < len(blocks) and blocks[done].end() < mark.start():
+                    body = textwrap.dedent(blocks[done]["body"])
+                    line = markdown[:blocks[done].start()].count("\n") + 1
+                    exec(compile(body, f"{where}:{line}", "exec"), namespace)  # noqa: S102 -- the page's own snippets
+                    done += 1
+        finally:
+            os.chdir(previous)
+        indent = mark["indent"]
+        text = printed.getvalue().rstrip("\n") or "(nothing printed)"
+        block = f'{indent}``` text title="Output (printed when this site was built)"\n'
+        block += "".join(f"{indent}{line}\n" for line in text.splitlines()) + f"{indent}```"
+        parts += [markdown[position:mark.start()], block]
+        position = mark.end()
+    return "".join(parts) + markdown[position:]
+
+
 def on_page_markdown(markdown, page, config, files):
-    if page.file.src_uri == "getting-started.md":
+    root = pathlib.Path(state["root"] or os.path.dirname(os.path.abspath(config.config_file_path)))
+    uri = page.file.src_uri
+    if uri == "getting-started.md":
         from attention.bench import render
 
-        return markdown.replace("<!-- quick-profile -->", render.quick_profile_summary())
-    if page.file.src_uri == "index.md":
-        return markdown.replace("<!-- class-limits -->", class_limits())
-    if page.file.src_uri == "api/registry.md":
-        return markdown.replace("<!-- registry-table -->", registry_table())
-    return markdown
+        source = state["source"] or repository_source(root)
+        floor, pin = torch_versions(root)
+        markdown = (markdown.replace("<!-- quick-profile -->", render.quick_profile_summary())
+                    .replace("<!-- install-lines -->", install_lines(source))
+                    .replace("<!-- torch-floor -->", floor).replace("<!-- torch-pin -->", pin))
+    elif uri == "index.md":
+        limits = textwrap.indent(class_limits(), "    ")  # inside a collapsed admonition
+        markdown = (markdown.replace("<!-- class-limits -->", limits)
+                    .replace("<!-- decision-table -->", decision_table(root / "docs" / "results")))
+    elif uri == "api/registry.md":
+        markdown = markdown.replace("<!-- registry-table -->", registry_table())
+    return snippet_outputs(markdown, root, uri)

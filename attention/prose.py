@@ -1,0 +1,472 @@
+"""Sentences that read measured numbers, written from the numbers so that they stay true.
+
+The site is built on different machines (an AMD EPYC without AVX-512; Intel Xeons with and without
+AMX, whose bfloat16 matmuls run from half to over ten times their float32 speed), and a page executed
+on one of them shows that machine's measurements. A sentence about such a number cannot be fixed
+text: written on one machine, it says the opposite of the table beside it on another. Each function
+here takes the numbers and returns the sentence, its wording following the comparison; the pages call
+them, and tests/test_prose.py builds every sentence from two recorded hosts' numbers.
+
+A claim about a recorded run names the run (its results file), so it stays true of that run wherever
+the page is built. Presentation only: nothing here runs while a benchmark measures.
+"""
+
+import math
+
+# Two times within this share of each other are "about the same": one build-time measurement on a
+# shared machine moves by this much between runs.
+ABOUT_THE_SAME = 0.15
+
+
+def ratio_words(value, reference, within=ABOUT_THE_SAME):
+    """How `value` compares with `reference` (both positive): `("about the same", r)`, `("more", r)` or
+    `("less", r)`, with `r = value / reference`."""
+    if value <= 0 or reference <= 0:
+        raise ValueError(f"ratio_words needs positive numbers, got value={value!r}, reference={reference!r}")
+    ratio = value / reference
+    if abs(ratio - 1) <= within:
+        return "about the same", ratio
+    return ("more" if ratio > 1 else "less"), ratio
+
+
+def times(ratio, sign="x"):
+    """A factor in words: `2.0` -> "2.0x", `0.5` -> "0.50x", `0.005` -> "0.005x" (never "0.00x")."""
+    if ratio >= 1:
+        return f"{ratio:.1f}{sign}"
+    return f"{ratio:.2f}{sign}" if ratio >= 0.1 else f"{ratio:.2g}{sign}"
+
+
+def file_label(name, stale):
+    """A results file named in prose: `` `name` `` and, for a run older than the code, "(stale)"."""
+    return f"`{name}`" + (" (stale)" if stale else "")
+
+
+# --- KV cache page: the projections of one decode step --------------------------------------------------
+
+
+def linear_threads_sentence(all_threads_ms, one_thread_ms, threads):
+    """Whether `F.linear` of one row ran faster on `threads` threads than on one."""
+    if threads == 1:
+        return (f"This build ran torch on one thread, so both `F.linear` rows measure one core "
+                f"({all_threads_ms:.2f} and {one_thread_ms:.2f} ms): the question stays open here.")
+    kind, ratio = ratio_words(one_thread_ms, all_threads_ms)
+    measured = f"{all_threads_ms:.2f} ms on {threads} threads against {one_thread_ms:.2f} ms on one"
+    if kind == "about the same":
+        return (f"Here `F.linear` takes about the same time on all threads as on one ({measured}): this build's "
+                "BLAS runs the one-row product on one core.")
+    if kind == "more":
+        return (f"Here `F.linear` is {times(ratio)} faster on all threads ({measured}): this build's BLAS does "
+                "spread the one-row product over its threads.")
+    return (f"Here `F.linear` is slower on all threads than on one ({measured}): spreading the one-row "
+            "product costs more than it saves on this machine.")
+
+
+def row_split_sentence(row_split_ms, linear_ms, threads):
+    """Whether `row_split_linear` beat `F.linear` on the same `threads` threads."""
+    kind, ratio = ratio_words(row_split_ms, linear_ms)
+    measured = f"{row_split_ms:.2f} ms against `F.linear`'s {linear_ms:.2f} ms on the same {threads} threads"
+    if kind == "about the same":
+        return f"`row_split_linear` takes about as long ({measured}): on this machine the split neither gains nor costs."
+    if kind == "less":
+        return (f"`row_split_linear` is {times(1 / ratio)} faster ({measured}): split into a batch of products, "
+                "the weight is read by every core.")
+    return (f"`row_split_linear` takes {times(ratio)} as long ({measured}): on this machine the split costs "
+            "more than it gains, so it pays only where the BLAS keeps a one-row product on one core.")
+
+
+def same_numbers_sentence(first_label, first_ms, second_label, second_ms):
+    """Two ways of computing the same numbers, and whether their times differ."""
+    kind, ratio = ratio_words(second_ms, first_ms)
+    measured = f"{first_ms:.2f} ms ({first_label}) against {second_ms:.2f} ms ({second_label})"
+    if kind == "about the same":
+        return f"On this machine the two layouts take about the same time: {measured}."
+    slower, factor = (second_label, ratio) if kind == "more" else (first_label, 1 / ratio)
+    return f"On this machine they differ: {measured}; {slower} takes {times(factor)} as long."
+
+
+def bandwidth_share_note(shares):
+    """A note for shares of the read bandwidth above 100%, or "" where every share is at most 100%."""
+    above = sorted(share for share in shares if share > 1.0)
+    if not above:
+        return ""
+    listed = ", ".join(f"{share:.0%}" for share in above)
+    return (f"Rows above 100% ({listed}) read faster than the sum that measured the bandwidth beside them: that sum "
+            "is not a ceiling for every kernel on this machine, so read the column as a comparison between rows, "
+            "not as a share of a hard limit.")
+
+
+# --- The benchmark page: bfloat16 on a CPU ---------------------------------------------------------------
+
+
+def has_amx(flags):
+    """True, False, or None where the flags were not recorded."""
+    return None if flags is None else "amx_bf16" in flags
+
+
+def bf16_instructions(flags):
+    """What a CPU multiplies bfloat16 numbers with, from its flags (`attention.bench.provenance.cpu_flags`)."""
+    if flags is None:
+        return "whose instruction-set flags were not recorded"
+    if "amx_bf16" in flags:
+        return "with AMX, tile units that multiply bfloat16 matrices"
+    if "avx512_bf16" in flags:
+        return "with AVX-512 BF16 (bfloat16 dot products in vector registers) but no AMX"
+    return "with neither AMX nor AVX-512 BF16, so no instruction multiplies bfloat16 numbers: they are widened to float32 first"
+
+
+def bf16_matmul_sentence(who, cpu_name, flags, fp32_tflops, bf16_tflops):
+    """One CPU's bfloat16 matmul rate against its float32 one, explained by its flags.
+
+    `who`: what measured it, e.g. "This build's CPU" or "The recorded runs' CPU".
+    """
+    kind, ratio = ratio_words(bf16_tflops, fp32_tflops, within=0.05)
+    verdict = {"about the same": "about as fast as", "more": f"{times(ratio)} faster than",
+               "less": f"at {times(ratio)} the speed of"}[kind]
+    return (f"{who}, {cpu_name}, is a CPU {bf16_instructions(flags)}. Its bfloat16 matmul ran {verdict} its float32 "
+            f"one ({bf16_tflops:.3g} against {fp32_tflops:.3g} TFLOP/s).")
+
+
+def bf16_pieces_sentence(speed):
+    """The pieces of one attention call, each as bfloat16 speed against float32 (above 1: bfloat16 faster).
+
+    `speed`: {"matmul", "projections", "sdpa", "scores", "mask", "softmax", "weights_v", "written_out"} ->
+    float32 ms / bfloat16 ms.
+    """
+
+    def word(value):
+        kind, _ = ratio_words(value, 1.0, within=0.05)
+        return {"about the same": "about as fast", "more": "faster", "less": "slower"}[kind]
+
+    def at(piece):
+        return f"{times(speed[piece], '×')} ({word(speed[piece])})"
+
+    return (f"In bfloat16, measured now: the large matmul runs at {at('matmul')} its float32 speed, the projections "
+            f"at {at('projections')} and the weights times `V` at {at('weights_v')}. SDPA's fused kernel, which never "
+            f"writes the scores out, runs at {at('sdpa')}. The steps that move the `(B, H, T, T)` scores through "
+            f"memory, with half the bytes per element, run at {at('mask')} (the mask) and {at('softmax')} (the "
+            f"softmax), and `Q Kᵀ`, a matmul whose output is those scores, at {at('scores')}. The written-out core as "
+            f"a whole runs at {at('written_out')}.")
+
+
+def bf16_conclusion(projection_speed, elementwise_speed, amx):
+    """What the pieces mean for whole classes on this CPU: from the projections' and the score steps'
+    bfloat16 speeds (float32 ms / bfloat16 ms) and whether the CPU has AMX (True, False or None)."""
+    projections, _ = ratio_words(projection_speed, 1.0, within=0.05)
+    scores, _ = ratio_words(elementwise_speed, 1.0, within=0.05)
+    why = {True: "AMX multiplies bfloat16 directly", False: "without AMX the bfloat16 matmuls are emulated",
+           None: "the flags were not recorded"}[amx]
+    if projections == "less":
+        opening = (f"So on this CPU ({why}) every class pays for slower projections, and a class whose time is "
+                   "nearly all matmuls loses most")
+    elif projections == "more":
+        opening = (f"So on this CPU ({why}) every class gains from faster projections, and a class whose time is "
+                   "nearly all matmuls gains most")
+    else:
+        opening = f"So on this CPU ({why}) the projections cost about the same in both dtypes"
+    if scores == "more":
+        rest = ("; a class that spends much of its time moving the `(B, H, T, T)` scores gains from the halved "
+                "bytes too.")
+    elif scores == "less":
+        rest = "; moving the `(B, H, T, T)` scores in bfloat16 is no faster either, despite half the bytes."
+    else:
+        rest = "; moving the `(B, H, T, T)` scores takes about as long in both dtypes, despite half the bytes."
+    return opening + rest
+
+
+def bf16_classes_sentence(run_labels, mode_title, groups):
+    """The recorded runs' bfloat16 speed per kind of kernel: `groups` is {kind: [speed, ...]} with the kinds
+    "fused" (SDPA or FlexAttention doing the whole call), "tiled" (tiles in Python, scores never whole),
+    "written out" (the `(B, H, T, T)` scores as tensors), each speed float32 ms / bfloat16 ms; `run_labels`:
+    the runs as `file_label` names them."""
+    names = " and ".join(run_labels)
+    parts = []
+    for kind, what in (("fused", "on fused kernels"), ("tiled", "on tiles (`tiled`)"),
+                       ("written out", "that write out the scores")):
+        speeds = sorted(groups.get(kind, ()))
+        if not speeds:
+            continue
+        span = times(speeds[0], "×") if len(speeds) == 1 else f"{times(speeds[0], '×')} to {times(speeds[-1], '×')}"
+        count = f"the {len(speeds)} classes" if len(speeds) > 1 else "the class"
+        parts.append(f"{count} {what} at {span}")
+    return f"In the recorded runs {names} ({mode_title}): " + ", ".join(parts) + " their float32 speed."
+
+
+# --- The tiled page --------------------------------------------------------------------------------------
+
+
+def tiled_against_naive_sentence(run_label, tiled_ms, naive_ms, naive_label="split_heads"):
+    """`tiled`'s training time against the naive class's (`tiled_ms`, `naive_ms`: {T: ms} where each ran):
+    from which length `tiled` is faster, and by how much at the longest length both ran."""
+    both = sorted(set(tiled_ms) & set(naive_ms))
+    if not both:
+        return f"In {run_label}, `tiled` and `{naive_label}` never ran at the same length."
+    faster_from = None
+    for t in reversed(both):  # the shortest length from which tiled is faster at every longer one
+        if tiled_ms[t] >= naive_ms[t]:
+            break
+        faster_from = t
+    longest = both[-1]
+    kind, ratio = ratio_words(naive_ms[longest], tiled_ms[longest])
+    at_longest = (f"at `T = {longest:,}` `tiled` takes {tiled_ms[longest]:,.0f} ms against `{naive_label}`'s "
+                  f"{naive_ms[longest]:,.0f} ms")
+    if faster_from is None:
+        verdict = f"`tiled` is not the faster of the two at the longest length; {at_longest}"
+    elif faster_from == both[0]:
+        verdict = f"`tiled` is the faster of the two at every length measured; {at_longest}, {times(ratio)} faster"
+    else:
+        verdict = (f"`{naive_label}` is faster below `T = {faster_from:,}`, `tiled` from there on; {at_longest}, "
+                   f"{times(ratio)} faster")
+    return f"In {run_label}, forward + backward: {verdict}."
+
+
+def compiled_sentence(run_label, seq_len, rows):
+    """`torch.compile`d `tiled` against compiled `sdpa_causal` in a recorded run, per mode: `rows` is
+    {mode title: (tiled ms, sdpa_causal ms)}."""
+    parts = []
+    for mode_title, (tiled_ms, sdpa_ms) in rows.items():
+        kind, ratio = ratio_words(tiled_ms, sdpa_ms, within=0.05)
+        relation = {"about the same": f"within {abs(ratio - 1):.0%} of", "less": f"{times(1 / ratio)} faster than",
+                    "more": f"{times(ratio)} as long as"}[kind]
+        parts.append(f"{mode_title}, `tiled` takes {tiled_ms:,.1f} ms, {relation} `sdpa_causal`'s {sdpa_ms:,.1f} ms")
+    return f"Compiled with `torch.compile` ({run_label}, `T = {seq_len:,}`): " + "; ".join(parts) + "."
+
+
+# --- The grouped-query page: a custom mask ------------------------------------------------------------------
+
+
+def custom_mask_sentence(run_name, stale, rows, score_tensor_mib):
+    """Which grouped-query class suits a custom mask on a CPU, from a recorded run's headline rows.
+
+    `rows`: {"gqa" | "gqa_flex" | "sdpa_mask" | "flex": {"forward" | "forward_backward": (ms, peak MiB)}} (the
+    last two, multi-head classes with a mask through SDPA and FlexAttention, only for training);
+    `score_tensor_mib`: the size of one `(B, H, T, T)` score tensor at that shape, to say how many the peak holds.
+    """
+    run = file_label(run_name, stale)
+    sentences = []
+    for mode, what in (("forward", "A forward pass (inference)"), ("forward_backward", "A training step")):
+        (flex_ms, flex_mib), (sdpa_ms, sdpa_mib) = rows["gqa_flex"][mode], rows["gqa"][mode]
+        time_kind, time_ratio = ratio_words(flex_ms, sdpa_ms)
+        memory_kind, memory_ratio = ratio_words(flex_mib, sdpa_mib)
+        costs = [f"{times(time_ratio)} the time" for kind in (time_kind,) if kind == "more"]
+        costs += [f"{times(memory_ratio)} the memory ({flex_mib / score_tensor_mib:.1f} score tensors' worth)"
+                  for kind in (memory_kind,) if kind == "more"]
+        verdict = f"costs {' and '.join(costs)}" if costs else "costs no more than `gqa`"
+        sentences.append(f"{what} of `gqa_flex` takes {flex_ms:,.0f} ms and {flex_mib:,.0f} MiB against `gqa`'s "
+                         f"{sdpa_ms:,.0f} ms and {sdpa_mib:,.0f} MiB: it {verdict}.")
+    training_dearer = any(ratio_words(rows["gqa_flex"]["forward_backward"][i], rows["gqa"]["forward_backward"][i])[0]
+                          == "more" for i in (0, 1))
+    (mask_ms, mask_mib), (flex_ms, flex_mib) = rows["sdpa_mask"]["forward_backward"], rows["flex"]["forward_backward"]
+    mask_cheaper = mask_ms < flex_ms and mask_mib < flex_mib
+    evidence = (f" (the multi-head classes in the same run: `sdpa_mask`, a boolean mask through SDPA, trains in "
+                f"{mask_ms:,.0f} ms and {mask_mib:,.0f} MiB, `flex` in {flex_ms:,.0f} ms and {flex_mib:,.0f} MiB)")
+    advice = ((f"So on a CPU `gqa_flex` suits a custom mask or score for inference; to train with a mask, pass it as a "
+               "boolean `attn_mask` to SDPA with `enable_gqa=True` (the `gqa` class's kernel call, with the mask in "
+               "place of `is_causal=True`)" + evidence + ". On a GPU, FlexAttention compiles its backward too; no "
+               "GPU run is recorded yet.") if training_dearer and mask_cheaper else
+              ("So on a CPU `gqa_flex` suits a custom mask or score for inference; training with one costs more, and "
+               "SDPA with a boolean mask is no cheaper here" + evidence + ".") if training_dearer else
+              "So on a CPU `gqa_flex` is the class for a custom mask or score, for inference and training alike.")
+    return f"In {run}, at its headline shape: " + " ".join(sentences) + " " + advice
+
+
+# --- The home page: which class to use, from the recorded runs ------------------------------------------
+
+# The devices of the decision table's columns: results files' `device_type`, and the column title.
+DECISION_DEVICES = {"cpu": "CPU", "cuda": "NVIDIA GPU"}
+NOT_MEASURED = "not measured yet"
+
+
+def _winners(runs, mode):
+    """`{class label: [file label, ...]}`: the fastest correct class at each run's headline shape in `mode`,
+    ties named with it."""
+    from attention.bench import render
+
+    winners = {}
+    for name, result in runs:
+        config = result["config"]
+        for entry in render.fastest(result):
+            if (entry["mode"], entry["batch"], entry["seq_len"], entry["compiled"]) != (
+                    mode, config["batch"], config["seq_len"], False):
+                continue
+            best = f"`{entry['fastest']['label']}`"
+            if entry["tied"]:
+                best += " (tied: " + ", ".join(f"`{row['label']}`" for row in entry["tied"]) + ")"
+            winners.setdefault(best, []).append(file_label(name, render.is_stale(result)))
+    return winners
+
+
+def _winners_cell(runs, mode):
+    winners = _winners(runs, mode)
+    if not winners:
+        return NOT_MEASURED
+    return "; ".join(f"{best}, fastest in {', '.join(files)}" for best, files in winners.items())
+
+
+def _pair_cell(runs, faster_label, slower_label):
+    """Training time of two classes in each run that has both, at its headline shape."""
+    from attention.bench import render
+
+    cells = []
+    for name, result in runs:
+        rows = {row["label"]: row for row in render.shape_rows(result, "forward_backward")
+                if row["status"] == "ok" and row["correct"] is True and not row["compiled"]}
+        if faster_label in rows and slower_label in rows:
+            a, b = rows[faster_label], rows[slower_label]
+            first, second = (a, b) if a["ms_median"] <= b["ms_median"] else (b, a)
+            cells.append(f"`{first['label']}` (training {first['ms_median']:,.0f} ms against `{second['label']}`'s "
+                         f"{second['ms_median']:,.0f}) in {file_label(name, render.is_stale(result))}")
+    return "; ".join(cells) or NOT_MEASURED
+
+
+def _decode_cell(decode_runs):
+    from attention.bench import render
+
+    cells = []
+    for name, result in decode_runs:
+        rows = render.decode_rows(result, batch=1, model="GQA")
+        if not rows:
+            continue
+        context = max(row["context"] for row in rows)
+        by_kernel = {row["kernel"]: row for row in rows if row["context"] == context}
+        best = max(by_kernel.values(), key=lambda row: row["tokens_per_s"])
+        others = ", ".join(f"`{kernel}` {row['tokens_per_s']:,.0f}" for kernel, row in by_kernel.items()
+                           if row is not best)
+        cells.append(f"`gqa` with `decode_kernel=\"{best['kernel']}\"`: {best['tokens_per_s']:,.0f} tokens/s at a "
+                     f"{context:,}-token cache, batch 1 (" + (f"{others}; " if others else "")
+                     + f"{file_label(name, render.is_stale(result))})")
+    return "; ".join(cells) or NOT_MEASURED
+
+
+def _mask_cell(long_runs):
+    from attention.bench import render
+
+    cells = []
+    for name, result in long_runs:
+        found = render.crossovers(result)
+        if not found:
+            continue
+        sparse = [f"{pattern.replace('_', ' ')} from `T = {entry['crossover']:,}`"
+                  for pattern, entry in found.items() if entry["crossover"] and pattern != "causal"]
+        never = [pattern.replace("_", " ") for pattern, entry in found.items() if not entry["crossover"]]
+        cell = ("`sdpa_mask` or `MultiHeadAttention` (a boolean mask through SDPA) for short sequences; "
+                "`flex` with a `BlockMask` once it skips enough blocks: " + ", ".join(sparse))
+        if never:
+            cell += f" (not within the lengths measured: {', '.join(never)})"
+        cells.append(cell + f", forward, in {file_label(name, render.is_stale(result))}")
+    return "; ".join(cells) or NOT_MEASURED
+
+
+def decision_table(runs, decode_runs, long_runs):
+    """Markdown: the home page's "Which one should I use?" table, one row per use and one column per device
+    type, each cell read from the recorded runs of that device (`[(file name, result), ...]` each: default
+    profile, decode profile, long profile) and naming them, or "not measured yet"."""
+    rows = {
+        "Training (forward + backward)": lambda kind: _winners_cell(runs[kind], "forward_backward"),
+        "Prefill (a prompt's forward pass, no cache yet)": lambda kind: _winners_cell(runs[kind], "forward"),
+        "Decoding with a KV cache": lambda kind: _decode_cell(decode_runs[kind]),
+        "A GQA model (fewer K/V heads)": lambda kind: _pair_cell(runs[kind], "gqa", "gqa_flex"),
+        "A custom mask": lambda kind: _mask_cell(long_runs[kind]),
+    }
+    header = "| You want | " + " | ".join(DECISION_DEVICES.values()) + " |"
+    lines = [header, "|---|" + "---|" * len(DECISION_DEVICES)]
+    for use, cell in rows.items():
+        lines.append(f"| {use} | " + " | ".join(cell(kind) for kind in DECISION_DEVICES) + " |")
+    return "\n".join(lines)
+
+
+def split_by_device(named_results):
+    """`{device type: [(name, result), ...]}` for every `DECISION_DEVICES` type (empty where none)."""
+    split = {kind: [] for kind in DECISION_DEVICES}
+    for name, result in named_results:
+        split.setdefault(result["device_type"], []).append((name, result))
+    return split
+
+
+# --- KV cache page: the attention of one decode step -----------------------------------------------------
+
+
+def decode_kernels_sentence(ms, kernels, models=("MHA", "GQA", "MQA")):
+    """Which attention kernel was fastest per model, and how each kernel's time fell with the cache.
+
+    `ms`: {(model, kernel): median ms}; `kernels`: the kernel names in table order; `models`: MHA first, then
+    the models with smaller caches (their cache ratio to MHA's is in the table, not needed here).
+    """
+    fastest = []
+    for model in models:
+        ranked = sorted(kernels, key=lambda kernel: ms[model, kernel])
+        best, second = ranked[0], ranked[1]
+        kind, ratio = ratio_words(ms[model, second], ms[model, best])
+        fastest.append(f"{model}: “{best}”" + (f" ({times(ratio)} faster than “{second}”)" if kind == "more"
+                                                else f", about level with “{second}”"))
+    return "Fastest per model, measured now: " + "; ".join(fastest) + "."
+
+
+# A step at below this share of both the bandwidth and the matmul rate is limited by neither.
+FAR_BELOW = 0.25
+
+
+def change_words(before_ms, after_ms):
+    """`before_ms` -> `after_ms` in words: "falls 2.0x", "rises 1.3x" or "stays about the same"."""
+    kind, ratio = ratio_words(after_ms, before_ms, within=0.05)
+    return {"about the same": "stays about the same", "less": f"falls {times(1 / ratio)}",
+            "more": f"rises {times(ratio)}"}[kind]
+
+
+def cache_shrink_sentence(ms, kernels, smaller=("GQA", "MQA")):
+    """How each kernel's time changed from MHA's cache to the smaller ones (`ms`: {(model, kernel): ms})."""
+    parts = [f"“{kernel}” " + ", ".join(f"{change_words(ms['MHA', kernel], ms[model, kernel])} ({model})"
+                                         for model in smaller) for kernel in kernels]
+    return "From MHA's cache to the smaller ones, the time of " + "; of ".join(parts) + "."
+
+
+def decode_limit_sentence(model, kernel, bandwidth_share, matmul_share):
+    """Whether a kernel's step came nearer the read bandwidth or the matmul rate (both shares of the same
+    moment's measurement)."""
+    kind, ratio = ratio_words(bandwidth_share, matmul_share, within=0.25)
+    measured = (f"{model} through {kernel} reads at {bandwidth_share:.0%} of the bandwidth and computes at "
+                f"{matmul_share:.0%} of the matmul rate")
+    if max(bandwidth_share, matmul_share) < FAR_BELOW:
+        return f"{measured}: far below both limits here, so something else (threads, caches, the load) sets its time."
+    if kind == "about the same":
+        return f"{measured}: neither limit stands out here."
+    if kind == "more":
+        return f"{measured}: reading is the nearer limit here."
+    return f"{measured}: arithmetic is the nearer limit here, not reading."
+
+
+# --- The benchmark page: memory against T ------------------------------------------------------------------
+
+
+def memory_growth_sentence(run_label, short, long, peaks):
+    """How each class's peak memory grew from `T = short` to `T = long` (`peaks`: {label: (bytes at short,
+    bytes at long)}), against x(long/short)² for memory like T² and x(long/short) for T."""
+    factor = long / short
+    parts = []
+    for label, (at_short, at_long) in peaks.items():
+        growth = at_long / at_short
+        # Nearer T² or T, compared on a log scale; below T it is mostly fixed memory (weights, inputs).
+        exponent = math.log(growth) / math.log(factor)
+        like = "like T²" if exponent > 1.5 else "like T" if exponent > 0.75 else "less than T: mostly fixed memory"
+        parts.append(f"`{label}` ×{growth:.2f} ({like})")
+    return (f"In {run_label}, from `T = {short:,}` to `{long:,}` (×{factor:g}; T² would be ×{factor ** 2:g}), each "
+            "class's peak memory grew: " + ", ".join(parts) + ".")
+
+
+# --- The grouped-query page: prefill and training without a cache ------------------------------------------
+
+
+def flops_and_time_sentence(baseline, shares):
+    """How time followed FLOPs: `shares` is {class: (its FLOPs / the baseline's, its time / the baseline's)}."""
+    parts, follows = [], []
+    for name, (flops_share, time_share) in shares.items():
+        parts.append(f"`{name}` does {flops_share:.0%} of `{baseline}`'s forward FLOPs in {time_share:.0%} of its time")
+        follows.append(ratio_words(time_share, flops_share, within=0.1)[0])
+    if all(kind == "about the same" for kind in follows):
+        verdict = "the time follows the FLOPs"
+    elif all(kind == "more" for kind in follows):
+        verdict = "the time falls less than the FLOPs"
+    elif all(kind == "less" for kind in follows):
+        verdict = "the time falls more than the FLOPs"
+    else:
+        verdict = "the time does not follow the FLOPs in the same way for both"
+    return "; ".join(parts) + f": here {verdict}."

@@ -1,0 +1,240 @@
+"""The sentences pages write about measured numbers (attention/prose.py), built from two hosts' numbers.
+
+The site is built on an AMD EPYC without AVX-512 (bfloat16 matmuls slower than float32) and on Intel
+Xeons with AMX (bfloat16 matmuls about 8x float32). Each test builds a page's claim from both hosts'
+numbers, recorded (docs/results/) or as such a host measures them, and checks that the wording follows
+the numbers: the sentence that was true on one host must not be printed on the other.
+"""
+
+import copy
+import pathlib
+
+import pytest
+
+from attention import prose
+from attention.bench import render
+
+RESULTS = pathlib.Path(__file__).resolve().parents[1] / "docs" / "results"
+AMD_EPYC_FLAGS = ["avx2", "fma"]  # no AVX-512, no AMX: what this project's AMD EPYC build host reports
+XEON_AMX_FLAGS = ["avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8"]
+
+
+@pytest.fixture(scope="module")
+def amd_run():
+    return render.load_result(RESULTS / "cpu-amd-epyc-2c-float32.json")
+
+
+@pytest.fixture(scope="module")
+def xeon_amx_run(amd_run):
+    """The AMD run's rows as an Intel Xeon with AMX would have measured them (synthetic): another CPU, and
+    FlexAttention 30% faster than SDPA in both modes, so the fastest class is another."""
+    run = copy.deepcopy(amd_run)
+    run["provenance"]["device"]["name"] = "Intel(R) Xeon(R) Platinum 8480+"
+    run["provenance"]["device"]["cpu_flags"] = XEON_AMX_FLAGS
+    sdpa = {row["mode"]: row for row in render.shape_rows(run, "forward") + render.shape_rows(run, "forward_backward")
+            if row["implementation"] == "sdpa_causal" and not row["compiled"]}
+    for row in run["rows"]:
+        if row["implementation"] == "flex" and not row["compiled"] and (row["batch"], row["seq_len"]) == (
+                run["config"]["batch"], run["config"]["seq_len"]):
+            for key in ("ms_median", "ms_q1", "ms_q3"):
+                row[key] = sdpa[row["mode"]][key] * 0.7
+    return run
+
+
+# --- bfloat16 on a CPU (examples/benchmark.py) ------------------------------------------------------------
+
+
+def test_bf16_matmul_sentence_explains_the_speed_by_the_cpu_flags():
+    amd = prose.bf16_matmul_sentence("This build's CPU", "AMD EPYC", AMD_EPYC_FLAGS, 0.21, 0.065)
+    xeon = prose.bf16_matmul_sentence("This build's CPU", "Intel Xeon", XEON_AMX_FLAGS, 0.44, 3.5)
+    assert "neither AMX nor AVX-512 BF16" in amd and "at 0.31x the speed of" in amd and "faster" not in amd
+    assert "with AMX" in xeon and "8.0x faster than" in xeon and "neither" not in xeon
+    unknown = prose.bf16_matmul_sentence("The recorded runs' CPU", "Intel(R) Xeon(R) Processor", None, 0.33, 0.17)
+    assert "not recorded" in unknown and "0.52x the speed of" in unknown
+
+
+def test_bf16_conclusion_follows_the_projections():
+    amd = prose.bf16_conclusion(projection_speed=0.3, elementwise_speed=1.4, amx=False)
+    xeon = prose.bf16_conclusion(projection_speed=6.5, elementwise_speed=1.6, amx=True)
+    assert "pays for slower projections" in amd and "emulated" in amd
+    assert "gains from faster projections" in xeon and "AMX multiplies bfloat16" in xeon
+    assert "pays" not in xeon and "slower" not in xeon
+    assert "about the same" in prose.bf16_conclusion(1.02, 1.0, None)
+
+
+def test_bf16_pieces_sentence_says_faster_or_slower_per_piece():
+    speeds = {"matmul": 0.3, "projections": 0.35, "sdpa": 0.9, "scores": 0.5, "mask": 1.6, "softmax": 1.3,
+              "weights_v": 0.4, "written_out": 0.8}
+    amd = prose.bf16_pieces_sentence(speeds)
+    xeon = prose.bf16_pieces_sentence({key: 8.0 if key in ("matmul", "projections") else 1.5 for key in speeds})
+    assert "at 0.30× (slower) its float32 speed" in amd and "1.6× (faster) (the mask)" in amd
+    assert "at 8.0× (faster) its float32 speed" in xeon and "(slower)" not in xeon
+    tiny = prose.bf16_pieces_sentence(dict(speeds, matmul=0.005))
+    assert "at 0.005× (slower)" in tiny and "0.00×" not in tiny
+
+
+def test_bf16_classes_sentence_counts_each_kind_of_kernel():
+    sentence = prose.bf16_classes_sentence(["`a.json`", "`b.json` (stale)"], "forward",
+                                           {"fused": [0.7, 0.9], "tiled": [1.1], "written out": [0.5, 0.6, 0.8]})
+    assert "the 2 classes on fused kernels at 0.70× to 0.90×" in sentence
+    assert "the class on tiles (`tiled`) at 1.1×" in sentence
+    assert "the 3 classes that write out the scores at 0.50× to 0.80×" in sentence
+    assert "`b.json` (stale)" in sentence
+
+
+# --- KV cache page (examples/kv_cache.py) -----------------------------------------------------------------
+
+
+def test_projection_sentences_follow_the_thread_counts():
+    # The numbers the second reader found on a build host: F.linear 2.12 ms on 2 threads, 4.17 ms on 1,
+    # row_split_linear 4.17 ms.
+    spread = prose.linear_threads_sentence(2.12, 4.17, 2)
+    assert "2.0x faster on all threads" in spread and "about the same" not in spread
+    # A BLAS that keeps a one-row product on one core (the case row_split_linear was written for).
+    one_core = prose.linear_threads_sentence(4.10, 4.17, 2)
+    assert "about the same time" in one_core and "one core" in one_core
+    assert "2.0x as long" in prose.row_split_sentence(4.17, 2.12, 2)
+    assert "faster" in prose.row_split_sentence(1.1, 4.1, 2)
+    assert "one thread" in prose.linear_threads_sentence(4.1, 4.1, 1)
+
+
+def test_same_numbers_sentence_calls_close_times_the_same():
+    assert "about the same time" in prose.same_numbers_sentence("reshape", 3.91, "transpose", 3.97)
+    differ = prose.same_numbers_sentence("reshape", 107.9, "transpose", 51.4)
+    assert "reshape takes 2.1x as long" in differ
+
+
+def test_bandwidth_note_only_for_shares_above_one():
+    note = prose.bandwidth_share_note([0.5, 1.07, 1.21])
+    assert "107%" in note and "121%" in note and "50%" not in note
+    assert prose.bandwidth_share_note([0.4, 0.99]) == ""
+
+
+def test_decode_sentences_follow_the_kernels():
+    kernels = ["SDPA, enable_gqa", "grouped matmuls"]
+    epyc = {("MHA", kernels[0]): 12.0, ("MHA", kernels[1]): 11.0, ("GQA", kernels[0]): 8.0,
+            ("GQA", kernels[1]): 2.0, ("MQA", kernels[0]): 4.0, ("MQA", kernels[1]): 1.5}
+    loaded = {**epyc, ("MQA", kernels[1]): 13.0}
+    assert "GQA: “grouped matmuls” (4.0x faster than “SDPA, enable_gqa”)" in prose.decode_kernels_sentence(epyc, kernels)
+    assert "rises 1.2x (MQA)" in prose.cache_shrink_sentence(loaded, kernels)
+    assert "falls 7.3x (MQA)" in prose.cache_shrink_sentence(epyc, kernels)
+    assert "arithmetic is the nearer limit" in prose.decode_limit_sentence("MQA", "x", 0.40, 0.80)
+    assert "reading is the nearer limit" in prose.decode_limit_sentence("GQA", "x", 0.70, 0.30)
+    assert "far below both limits" in prose.decode_limit_sentence("GQA", "x", 0.08, 0.06)
+
+
+# --- Tiled page (examples/tiled.py) ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def long_run():
+    return render.load_result(RESULTS / "long" / "cpu-intel-xeon-2c-float32-long.json")
+
+
+def training_times(run, label):
+    return {row["seq_len"]: row["ms_median"] for row in render.sweep_rows(run, "forward_backward")
+            if row["label"] == label and row["status"] == "ok"}
+
+
+def test_tiled_sentence_from_the_recorded_run_and_its_opposite(long_run):
+    tiled, naive = training_times(long_run, "tiled"), training_times(long_run, "split_heads")
+    recorded = prose.tiled_against_naive_sentence("`long.json`", tiled, naive)
+    assert "`split_heads` is faster below `T = 512`, `tiled` from there on" in recorded
+    assert "4.5x faster" in recorded and "slow" not in recorded
+    swapped = prose.tiled_against_naive_sentence("`other.json`", naive, tiled)  # a host where tiles lose
+    assert "`tiled` is not the faster of the two" in swapped
+
+
+def test_compiled_sentence_per_mode():
+    sentence = prose.compiled_sentence("`compiled.json`", 1024, {"forward": (28.06, 27.18),
+                                                                 "forward + backward": (516.2, 84.6)})
+    assert "forward, `tiled` takes 28.1 ms, within 3% of" in sentence
+    assert "6.1x as long as" in sentence
+
+
+# --- Grouped-query page (examples/gqa.py) ---------------------------------------------------------------
+
+
+def headline_rows(run, names=("gqa", "gqa_flex", "sdpa_mask", "flex")):
+    found = {}
+    for mode in ("forward", "forward_backward"):
+        for row in render.shape_rows(run, mode):
+            if row["implementation"] in names and not row["compiled"]:
+                found.setdefault(row["implementation"], {})[mode] = (row["ms_median"], row["peak_memory_bytes"] / 2**20)
+    return found
+
+
+def test_custom_mask_advice_follows_the_training_cost(amd_run):
+    rows = headline_rows(amd_run)
+    cpu = prose.custom_mask_sentence("cpu.json", True, rows, score_tensor_mib=384)
+    assert "2.2x the time and 14.1x the memory" in cpu and "(stale)" in cpu
+    assert "`gqa_flex` suits a custom mask or score for inference" in cpu
+    # A device whose FlexAttention trains as cheaply as SDPA (as on a GPU, with its fused backward).
+    cheap = copy.deepcopy(rows)
+    cheap["gqa_flex"]["forward_backward"] = rows["gqa"]["forward_backward"]
+    other = prose.custom_mask_sentence("gpu.json", False, cheap, score_tensor_mib=384)
+    assert "for inference and training alike" in other and "costs no more" in other
+
+
+def test_flops_and_time_sentence():
+    assert "the time follows the FLOPs" in prose.flops_and_time_sentence("sdpa_causal", {"gqa": (0.72, 0.76),
+                                                                                         "mqa": (0.66, 0.71)})
+    assert "falls less than the FLOPs" in prose.flops_and_time_sentence("sdpa_causal", {"gqa": (0.72, 0.95),
+                                                                                        "mqa": (0.66, 0.93)})
+
+
+def test_memory_growth_sentence():
+    sentence = prose.memory_growth_sentence("this run", 512, 1024, {"split_heads": (100.0, 380.0),
+                                                                    "sdpa_causal": (40.0, 75.0), "flex": (30.0, 33.0)})
+    assert "`split_heads` ×3.80 (like T²)" in sentence and "`sdpa_causal` ×1.88 (like T)" in sentence
+    assert "mostly fixed memory" in sentence
+
+
+# --- Home page: the decision table (docs/_hooks/generated.py) ---------------------------------------------
+
+
+def test_decision_table_from_two_hosts(amd_run, xeon_amx_run):
+    runs = prose.split_by_device([("cpu-amd-epyc-2c-float32.json", amd_run)])
+    table = prose.decision_table(runs, prose.split_by_device([]), prose.split_by_device([]))
+    assert "`sdpa_causal`, fastest in `cpu-amd-epyc-2c-float32.json`" in table
+    lines = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()[2:]}
+    assert set(lines) == {"Training (forward + backward)", "Prefill (a prompt's forward pass, no cache yet)",
+                          "Decoding with a KV cache", "A GQA model (fewer K/V heads)", "A custom mask"}
+    assert all(line.rstrip(" |").endswith(prose.NOT_MEASURED) for line in lines.values()), "no GPU run is recorded"
+    assert "Decoding with a KV cache | not measured yet" in table  # no decode run given
+    # The other host: flex is the fastest there, and the table says so for that file only.
+    both = prose.split_by_device([("cpu-amd-epyc-2c-float32.json", amd_run), ("cpu-xeon-amx.json", xeon_amx_run)])
+    table = prose.decision_table(both, prose.split_by_device([]), prose.split_by_device([]))
+    training = next(line for line in table.splitlines() if line.startswith("| Training"))
+    assert "`flex`, fastest in `cpu-xeon-amx.json`" in training and "`sdpa_causal`" in training
+
+
+def test_decision_table_gpu_column_fills_from_a_cuda_run(amd_run):
+    cuda = copy.deepcopy(amd_run)
+    cuda["device_type"] = "cuda"
+    table = prose.decision_table(prose.split_by_device([("cpu.json", amd_run), ("cuda-h100.json", cuda)]),
+                                 prose.split_by_device([]), prose.split_by_device([]))
+    training = next(line for line in table.splitlines() if line.startswith("| Training"))
+    assert training.count("fastest in") == 2 and "`cuda-h100.json`" in training.split(" | ")[2]
+
+
+def test_decision_table_decode_and_mask_rows_name_their_runs(long_run):
+    decode = render.load_result(RESULTS / "decode" / "cpu-amd-epyc-2c-float32-decode.json")
+    table = prose.decision_table(prose.split_by_device([]),
+                                 prose.split_by_device([("cpu-amd-epyc-2c-float32-decode.json", decode)]),
+                                 prose.split_by_device([("cpu-intel-xeon-2c-float32-long.json", long_run)]))
+    assert "`decode_kernel=\"matmul\"`" in table and "`cpu-amd-epyc-2c-float32-decode.json`" in table
+    assert "sliding window from `T = 2,048`" in table and "`cpu-intel-xeon-2c-float32-long.json`" in table
+
+
+def test_ratio_words_refuses_non_positive_numbers():
+    with pytest.raises(ValueError, match="value=0"):
+        prose.ratio_words(0, 1.0)
+
+
+def test_phone_labels_of_the_decision_table_name_its_columns():
+    """On phones the table stacks its cells, and docs/stylesheets/extra.css labels them: the same devices."""
+    css = (RESULTS.parents[0] / "stylesheets" / "extra.css").read_text(encoding="utf-8")
+    labels = [f'.decision-table td:nth-child({index + 2})::before {{\n    content: "{title}: ";'
+              for index, title in enumerate(prose.DECISION_DEVICES.values())]
+    assert all(label in css for label in labels), labels
