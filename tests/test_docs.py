@@ -301,10 +301,11 @@ def test_strict_build_publishes_every_example_offline(built_site):
         offsite += [f"{page.relative_to(site)}: {text[m.start():m.end() + 60]}" for m in OFFSITE_TAG.finditer(text)]
     assert not offsite, "tags that load from other hosts:\n" + "\n".join(offsite[:20])
     numerics = (site / "examples" / "numerics" / "index.html").read_text(encoding="utf-8")
-    assert re.search(r'<img [^>]*src="data:image/png;base64,', numerics), "the numerics page has no figure"
+    assert FIGURE_IMAGE.search(numerics), "the numerics page has no figure"
 
 
-DATA_IMAGE = re.compile(r'<img\b[^>]*\bsrc="data:image/(?:png|svg\+xml|jpeg)[;,]')
+# A figure as a page shows it: a data: URI, or an image file beside the page (docs/_hooks/page_weight.py).
+FIGURE_IMAGE = re.compile(r'<img\b[^>]*\bsrc="(?:data:image/(?:png|svg\+xml|jpeg|webp)[;,]|[^":/]+\.(?:png|svg|jpe?g|webp)")')
 # Reprs a reader has no use for, as they appear HTML-escaped in a page.
 OBJECT_REPR = re.compile(r"&lt;(?:Figure size \d+x\d+ with \d+ Axes|torch\._C\.Generator\b[^&]*"
                          r"|[^&<>]{1,120}? at 0x[0-9a-fA-F]+)&gt;")
@@ -327,7 +328,7 @@ def test_every_figure_renders_as_an_image(built_site, run_example):
         run = run_example(script)
         assert run.figures is not None, f"{run.command} did not finish:\n{run.stderr[-4000:]}"
         html = (pathlib.Path(built_site) / "examples" / script.stem / "index.html").read_text(encoding="utf-8")
-        shown[script.name] = len(DATA_IMAGE.findall(html))
+        shown[script.name] = len(FIGURE_IMAGE.findall(html))
         if shown[script.name] != run.figures:
             problems.append(f"{script.name}: the script makes {run.figures} figures, its page shows "
                             f"{shown[script.name]} images")
