@@ -1,0 +1,307 @@
+"""The model families (attention/models/): each layer equal to transformers' own, to the float64 reference, and
+decoding with its cache equal to the full forward.
+
+transformers (a test-only extra) builds each model from a tiny random configuration, offline: no weights are
+downloaded. Every parameter is randomised, the whole tiny model runs in float64 with eager attention, and hooks
+capture what each attention layer receives and returns, so masks, windows and rotary embeddings are the
+model's own. Each configuration switches its family's mechanisms on at sizes where they bite: windows of 4-5
+keys under 11 tokens, a soft-cap of 2, a query scale that is not `1 / sqrt(head_dim)`.
+"""
+
+import dataclasses
+import functools
+
+import pytest
+import torch
+
+from attention.models import MODELS, ModelAttention
+from attention.models.gemma3 import Gemma3RMSNorm
+from attention.models.llama import rotary_cos_sin
+from attention.reference import reference_model_attention, rope_inverse_frequencies
+from tests.helpers import tolerance
+
+transformers = pytest.importorskip("transformers")
+
+B, T = 2, 11  # 11 tokens: past every window below
+TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, max_position_embeddings=256)
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+# "original" contexts of 16 positions put some of the 4 frequency pairs on each side of the ramps.
+YARN_ROPE = {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 16}
+GPT_OSS_ROPE = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": 16}
+GEMMA3_ROPE = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+               "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+
+CASES = {  # name: (model_type, the tiny configuration's fields beyond TINY)
+    "llama": ("llama", dict(attention_bias=True, rope_parameters=LLAMA3_ROPE)),
+    "mistral": ("mistral", dict(sliding_window=4)),
+    "qwen2": ("qwen2", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1)),
+    "qwen3": ("qwen3", dict(use_sliding_window=True, sliding_window=5, max_window_layers=1, rope_parameters=YARN_ROPE)),
+    "olmo2": ("olmo2", dict(num_key_value_heads=4)),  # multi-head, as OLMo 2 7B
+    "gemma2": ("gemma2", dict(sliding_window=4, query_pre_attn_scalar=12, attn_logit_softcapping=2.0)),
+    "gemma3_text": ("gemma3_text", dict(num_hidden_layers=3, sliding_window_pattern=3, sliding_window=4,
+                                        query_pre_attn_scalar=12, rope_parameters=GEMMA3_ROPE)),
+    "gpt_oss": ("gpt_oss", dict(sliding_window=4, num_local_experts=4, num_experts_per_tok=2, rope_parameters=GPT_OSS_ROPE)),
+}
+LAYERS = [(name, layer_idx) for name, (_, fields) in CASES.items()
+          for layer_idx in range(fields.get("num_hidden_layers", TINY["num_hidden_layers"]))]
+LAYER_IDS = [f"{name}-{layer_idx}" for name, layer_idx in LAYERS]
+
+
+@dataclasses.dataclass
+class Run:
+    config: object  # transformers' config object
+    model: object  # the tiny transformers model, float64, eager attention
+    inputs: dict  # layer_idx -> what the model fed that attention layer: hidden_states, attention_mask, ...
+    outputs: dict  # layer_idx -> the layer's output (B, T, hidden_size)
+
+
+@functools.cache
+def config_of(name):
+    """transformers' config object of `CASES[name]`."""
+    model_type, fields = CASES[name]
+    return transformers.AutoConfig.for_model(model_type, **{**TINY, **fields})
+
+
+def layer_of(name, layer_idx):
+    """Our layer `layer_idx` of `CASES[name]`, float64, untrained."""
+    return MODELS[config_of(name).model_type].from_config(config_of(name), layer_idx).to(torch.float64)
+
+
+NORMLESS = [(case, case_id) for case, case_id in zip(LAYERS, LAYER_IDS) if not hasattr(layer_of(*case), "q_norm")]
+SLIDING = [(case, case_id) for case, case_id in zip(LAYERS, LAYER_IDS) if layer_of(*case).sliding_window]
+
+
+@functools.cache
+def run_model(name):
+    """The tiny model of `CASES[name]`, every parameter randomised, run once on random tokens with hooks."""
+    model_type = CASES[name][0]
+    config = config_of(name)
+    extra = {"experts_implementation": "eager"} if model_type == "gpt_oss" else {}  # its grouped_mm has no float64
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float64,
+                                                          **extra).eval()
+    with torch.no_grad():
+        for pname, param in model.named_parameters():  # norm weights and sinks too
+            param.normal_(0.0, 2.0 if pname.endswith("sinks") else 0.5)
+    inputs, outputs = {}, {}
+    for layer_idx, layer in enumerate(model.model.layers):
+        def capture(module, args, kwargs, output, layer_idx=layer_idx):
+            inputs[layer_idx], outputs[layer_idx] = dict(kwargs), output[0]
+        layer.self_attn.register_forward_hook(capture, with_kwargs=True)
+    with torch.no_grad():
+        model(torch.randint(0, TINY["vocab_size"], (B, T)))
+    return Run(config, model, inputs, outputs)
+
+
+def layer_pair(name, layer_idx):
+    """transformers' attention layer of `CASES[name]` and ours, built from the same config, with its weights."""
+    run = run_model(name)
+    hf_layer = run.model.model.layers[layer_idx].self_attn
+    module = MODELS[run.config.model_type].from_config(run.config, layer_idx).to(torch.float64)
+    module.load_state_dict(hf_layer.state_dict())
+    return hf_layer, module
+
+
+def reference_kwargs(module):
+    """`reference_model_attention`'s keywords for `module`, from the layer's documented attributes."""
+    rope = rope_inverse_frequencies(module.head_dim, module.rope_parameters["rope_theta"], module.rope_parameters)
+    q_norm = getattr(module, "q_norm", None)
+    return dict(head_dim=module.head_dim, scale=module.scaling, rope=rope, qk_norm=module.qk_norm,
+                norm_eps=getattr(q_norm, "variance_epsilon", getattr(q_norm, "eps", None)),
+                norm_offset=1.0 if isinstance(q_norm, Gemma3RMSNorm) else 0.0, window=module.sliding_window,
+                softcap=getattr(module, "attn_logit_softcapping", None))
+
+
+def random_input(module, dtype=torch.float64, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(B, T, module.hidden_size, generator=generator, dtype=torch.float64).to(dtype)
+
+
+@pytest.mark.parametrize("name,layer_idx", LAYERS, ids=LAYER_IDS)
+def test_layer_equals_transformers_layer(name, layer_idx):
+    run = run_model(name)
+    hf_layer, module = layer_pair(name, layer_idx)
+    assert isinstance(module, ModelAttention)
+    assert module.layer_type == getattr(run.config, "layer_types", [module.layer_type] * 99)[layer_idx]
+    with torch.no_grad():
+        out = module(run.inputs[layer_idx]["hidden_states"])
+    # transformers computes RoPE's angles and the RMSNorms in float32, even in a float64 model: ~1e-7 relative.
+    torch.testing.assert_close(out, run.outputs[layer_idx], rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,layer_idx", [case for case, _ in NORMLESS], ids=[case_id for _, case_id in NORMLESS])
+def test_transformers_differs_only_by_its_float32_steps(name, layer_idx, monkeypatch):
+    """transformers computes RoPE's cos and sin, and Llama's and Gemma's softmax, in float32 even in a float64 model.
+    Fed float64 cos and sin (ours) and the model's own mask, its softmax left in float64, its layer (one without
+    norms, which are float32 too) equals ours to 1e-12."""
+    softmax = torch.nn.functional.softmax
+
+    def float64_softmax(input, dim=None, _stacklevel=3, dtype=None):
+        return softmax(input, dim=dim, dtype=None if input.dtype == torch.float64 else dtype)
+
+    monkeypatch.setattr(torch.nn.functional, "softmax", float64_softmax)
+    run = run_model(name)
+    hf_layer, module = layer_pair(name, layer_idx)
+    x = run.inputs[layer_idx]["hidden_states"]
+    cos, sin = rotary_cos_sin(module, 0, T, x)  # (T, D) each
+    if run.config.model_type == "gpt_oss":  # its tables hold each pair's angle once: (T, D/2)
+        cos, sin = cos[:, : module.head_dim // 2], sin[:, : module.head_dim // 2]
+    with torch.no_grad():
+        expected, _ = hf_layer(hidden_states=x, position_embeddings=(cos[None], sin[None]),
+                               attention_mask=run.inputs[layer_idx]["attention_mask"])
+        out = module(x)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name,layer_idx", LAYERS, ids=LAYER_IDS)
+def test_forward_and_gradients_equal_float64_reference(name, layer_idx):
+    _, module = layer_pair(name, layer_idx)
+    x = random_input(module).requires_grad_(True)
+    grad_out = torch.randn(B, T, module.hidden_size, dtype=torch.float64)
+    out = module(x)
+    (out * grad_out).sum().backward()
+    state = {pname: param.detach().clone().requires_grad_(True) for pname, param in module.named_parameters()}
+    x_ref = x.detach().clone().requires_grad_(True)
+    expected, _ = reference_model_attention(x_ref, state, **reference_kwargs(module))
+    (expected * grad_out).sum().backward()
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=0, atol=1e-11)
+    for pname, param in module.named_parameters():
+        torch.testing.assert_close(param.grad, state[pname].grad, rtol=1e-10, atol=1e-10, msg=pname)
+
+
+@pytest.mark.parametrize("name,layer_idx", LAYERS, ids=LAYER_IDS)
+def test_float32_layer_within_the_float32_tolerance_of_the_reference(name, layer_idx):
+    _, module = layer_pair(name, layer_idx)
+    module = module.to(torch.float32)
+    x = random_input(module, torch.float32)
+    with torch.no_grad():
+        out = module(x)
+    expected, _ = reference_model_attention(x, module.state_dict(), **reference_kwargs(module))
+    torch.testing.assert_close(out.double(), expected, **tolerance("cpu", torch.float32))
+
+
+@pytest.mark.parametrize("name,layer_idx", [case for case, _ in SLIDING], ids=[case_id for _, case_id in SLIDING])
+def test_a_sliding_layer_sees_only_its_window(name, layer_idx):
+    """The window changes the output (the sequence is longer than it), and exactly as the reference's mask says."""
+    _, module = layer_pair(name, layer_idx)
+    x = random_input(module)
+    kwargs = reference_kwargs(module)
+    with torch.no_grad():
+        out = module(x)
+    windowed, weights = reference_model_attention(x, module.state_dict(), **kwargs)
+    unwindowed, _ = reference_model_attention(x, module.state_dict(), **{**kwargs, "window": None})
+    torch.testing.assert_close(out, windowed, rtol=0, atol=1e-12)
+    assert (out - unwindowed).abs().max() > 1e-3
+    seen = (weights[0, 0] > 0).sum(dim=-1)  # keys each query attends to
+    assert seen.tolist() == [min(i + 1, module.sliding_window) for i in range(T)]
+
+
+SCHEDULES = {"prefill": [T], "steps": [1] * T, "prompt_then_steps": [5] + [1] * (T - 5), "chunks": [3, 4, 4]}
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("name,layer_idx", LAYERS, ids=LAYER_IDS)
+def test_cached_decoding_equals_the_full_forward(name, layer_idx, schedule):
+    _, module = layer_pair(name, layer_idx)
+    x = random_input(module)
+    cache = module.new_cache(B, capacity=16)
+    with torch.no_grad():
+        full = module(x)
+        pieces, start = [], 0
+        for length in SCHEDULES[schedule]:
+            pieces.append(module(x[:, start:start + length], cache=cache))
+            start += length
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=0, atol=1e-12)
+    assert cache.length == T
+    kept = min(module.sliding_window or 16, 16)  # a sliding layer's cache holds its window, not the capacity
+    assert cache.nbytes == 2 * B * module.num_key_value_heads * kept * module.head_dim * 8
+
+
+@pytest.mark.parametrize("name,layer_idx", LAYERS, ids=LAYER_IDS)
+def test_a_rewound_cache_repeats_the_step(name, layer_idx):
+    _, module = layer_pair(name, layer_idx)
+    x = random_input(module)
+    cache = module.new_cache(B, capacity=16)
+    with torch.no_grad():
+        module(x[:, :T - 1], cache=cache)
+        first = module(x[:, T - 1:], cache=cache)
+        cache.rewind(T - 1)
+        again = module(x[:, T - 1:], cache=cache)
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+
+
+def test_a_sliding_layer_given_a_capacity_within_its_window_keeps_a_full_cache():
+    _, module = layer_pair("gemma2", 0)
+    cache = module.new_cache(B, capacity=3)  # window 4
+    with torch.no_grad():
+        module(random_input(module)[:, :3], cache=cache)
+        with pytest.raises(ValueError, match="capacity=3"):
+            module(random_input(module)[:, :1], cache=cache)
+
+
+# Bad input: clear errors naming what is wrong.
+
+def test_unknown_model_type_lists_the_registry():
+    with pytest.raises(KeyError, match="gemma2.*gpt_oss.*llama"):
+        MODELS["gpt2"]
+
+
+def test_a_config_missing_a_field_names_it():
+    fields = {**TINY, "model_type": "llama", "rope_theta": 10000.0}
+    del fields["hidden_size"]
+    with pytest.raises(ValueError, match="'hidden_size'"):
+        MODELS["llama"].from_config(fields, 0)
+    fields = {**TINY, "model_type": "gemma2", "rope_theta": 10000.0}
+    with pytest.raises(ValueError, match="'query_pre_attn_scalar'"):
+        MODELS["gemma2"].from_config(fields, 0)
+    with pytest.raises(ValueError, match="'rope_theta'"):
+        MODELS["qwen3"].from_config({**TINY, "model_type": "qwen3", "rms_norm_eps": 1e-6}, 0)
+
+
+def test_a_config_of_another_family_is_refused():
+    with pytest.raises(ValueError, match="model_type='gemma2'"):
+        MODELS["llama"].from_config(run_model("gemma2").config, 0)
+
+
+def test_a_layer_index_outside_the_model_is_refused():
+    with pytest.raises(ValueError, match="layer_idx"):
+        MODELS["llama"].from_config(run_model("llama").config, 2)
+
+
+def test_a_state_dict_that_does_not_fit_names_the_key_and_both_shapes():
+    _, module = layer_pair("qwen3", 0)
+    state = dict(module.state_dict())
+    state["k_norm.weight"] = torch.ones(16)
+    with pytest.raises(ValueError, match=r"k_norm.weight has shape \(16,\), the layer's is \(8,\)"):
+        module.load_state_dict(state)
+    del state["k_norm.weight"]
+    with pytest.raises(ValueError, match=r"missing keys \['k_norm.weight'\]"):
+        module.load_state_dict(state)
+
+
+def test_a_cache_from_another_layer_is_refused():
+    _, layer0 = layer_pair("gemma3_text", 0)
+    _, layer1 = layer_pair("gemma3_text", 1)  # the same kind (local) and shape: only the owner tells them apart
+    cache = layer0.new_cache(B, capacity=16)
+    with torch.no_grad(), pytest.raises(ValueError, match="layer 0"):
+        layer1(random_input(layer1)[:, :1], cache=cache)
+    from attention.causal.gqa import KVCache
+
+    foreign = KVCache(B, layer0.num_key_value_heads, layer0.head_dim, 16, dtype=torch.float64)
+    with torch.no_grad(), pytest.raises(TypeError, match="new_cache"):
+        layer0(random_input(layer0)[:, :1], cache=foreign)
+
+
+def test_bad_inputs_get_clear_errors():
+    _, module = layer_pair("llama", 0)
+    with pytest.raises(ValueError, match="hidden_size=32"):
+        module(torch.randn(B, T, 16, dtype=torch.float64))
+    with pytest.raises(TypeError, match="floating"):
+        module(torch.ones(B, T, 32, dtype=torch.long))
+    cache = module.new_cache(B, capacity=16)
+    with pytest.raises(ValueError, match="inference"):
+        module(random_input(module)[:, :1], cache=cache)  # gradients on
