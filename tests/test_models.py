@@ -305,3 +305,88 @@ def test_bad_inputs_get_clear_errors():
     cache = module.new_cache(B, capacity=16)
     with pytest.raises(ValueError, match="inference"):
         module(random_input(module)[:, :1], cache=cache)  # gradients on
+
+
+# The fused path: attention/models/flex.py.
+
+# A soft-cap with and without a window (Gemma 2), sinks with a window (gpt-oss): each compile takes seconds.
+FLEX_LAYERS = [("gemma2", 0), ("gemma2", 1), ("gpt_oss", 0)]
+
+
+@pytest.mark.parametrize("name,layer_idx", FLEX_LAYERS, ids=[f"{n}-{i}" for n, i in FLEX_LAYERS])
+def test_flex_forward_equals_the_reference(name, layer_idx):
+    from attention.models.flex import flex_forward
+
+    _, module = layer_pair(name, layer_idx)
+    module = module.to(torch.float32)
+    x = random_input(module, torch.float32)
+    with torch.no_grad():
+        fused, own = flex_forward(module, x), module(x)
+    expected, _ = reference_model_attention(x, module.state_dict(), **reference_kwargs(module))
+    torch.testing.assert_close(fused.double(), expected, **tolerance("cpu", torch.float32))
+    torch.testing.assert_close(fused, own, **tolerance("cpu", torch.float32))
+
+
+def test_flex_forward_refuses_what_compiled_cpu_flex_cannot_do():
+    from attention.models.flex import flex_forward
+
+    _, module = layer_pair("gemma2", 0)
+    with pytest.raises(ValueError, match="float64"):
+        flex_forward(module, random_input(module))
+    module = module.to(torch.float32)
+    with pytest.raises(ValueError, match="gradients"):
+        flex_forward(module, random_input(module, torch.float32))
+
+
+def test_sinks_scale_the_sinkless_output_by_a_sigmoid_of_the_log_sum_exp():
+    """The identity behind a sink on any kernel that returns the log-sum-exp: out_sink = out * sigmoid(lse - sink)."""
+    from attention.reference import reference_kernel
+
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 6, 8, generator=generator, dtype=torch.float64) for _ in range(3))
+    sinks = torch.randn(4, generator=generator, dtype=torch.float64) * 3
+    mask = torch.ones(6, 6, dtype=torch.bool).tril()
+    with_sinks, _ = reference_kernel(q, k, v, mask, sinks=sinks)
+    without, _ = reference_kernel(q, k, v, mask)
+    lse = torch.logsumexp((q @ k.transpose(-1, -2) / 8**0.5).masked_fill(~mask, float("-inf")), dim=-1, keepdim=True)
+    torch.testing.assert_close(with_sinks, without * torch.sigmoid(lse - sinks.view(1, 4, 1, 1)), rtol=0, atol=1e-14)
+
+
+# The published configurations (attention/models/published.py), read as transformers reads them.
+
+HF_CLASSES = {"llama": ("llama", "Llama"), "mistral": ("mistral", "Mistral"), "qwen2": ("qwen2", "Qwen2"),
+              "qwen3": ("qwen3", "Qwen3"), "olmo2": ("olmo2", "Olmo2"), "gemma2": ("gemma2", "Gemma2"),
+              "gemma3_text": ("gemma3", "Gemma3"), "gpt_oss": ("gpt_oss", "GptOss")}
+
+
+@pytest.mark.parametrize("model", sorted(__import__("attention.models.published", fromlist=["PUBLISHED"]).PUBLISHED))
+def test_a_published_config_builds_every_layer_as_transformers_reads_it(model):
+    """Every layer, from the published config.json's fields: the same kind, window, scale, RoPE frequencies and
+    parameter shapes as transformers' own layer and rotary embedding built from them (on the meta device)."""
+    import importlib
+
+    from attention.models.published import PUBLISHED
+
+    fields = PUBLISHED[model]["config"]
+    hf_config = transformers.AutoConfig.for_model(**fields)
+    package, prefix = HF_CLASSES[fields["model_type"]]
+    modeling = importlib.import_module(f"transformers.models.{package}.modeling_{package}")
+    rotary = getattr(modeling, f"{prefix}RotaryEmbedding")(hf_config)
+    for layer_idx in range(fields["num_hidden_layers"]):
+        with torch.device("meta"):
+            ours = MODELS[fields["model_type"]].from_config(fields, layer_idx)
+            from_hf = MODELS[fields["model_type"]].from_config(hf_config, layer_idx)
+            theirs = getattr(modeling, f"{prefix}Attention")(hf_config, layer_idx)
+        hf_types, hf_window = getattr(hf_config, "layer_types", None), getattr(hf_config, "sliding_window", None)
+        # transformers' Mistral has no layer_types: its window, where set, is on every layer.
+        expected_type = hf_types[layer_idx] if hf_types else "sliding_attention" if hf_window else "full_attention"
+        assert ours.layer_type == from_hf.layer_type == expected_type, layer_idx
+        expected_window = hf_window if expected_type == "sliding_attention" else None
+        assert ours.sliding_window == from_hf.sliding_window == expected_window, layer_idx
+        assert ours.scaling == from_hf.scaling == theirs.scaling
+        assert {n: t.shape for n, t in ours.state_dict().items()} == {n: t.shape for n, t in theirs.state_dict().items()}
+        prefix_type = f"{ours.layer_type}_" if hasattr(rotary, f"{ours.layer_type}_inv_freq") else ""  # Gemma 3
+        inv_freq = getattr(rotary, f"{prefix_type}inv_freq")
+        torch.testing.assert_close(ours.inv_freq, from_hf.inv_freq, rtol=1e-12, atol=0)
+        torch.testing.assert_close(ours.inv_freq.float(), inv_freq, rtol=2e-6, atol=0)  # transformers: float32
+        assert ours.attention_scaling == pytest.approx(getattr(rotary, f"{prefix_type}attention_scaling"), rel=1e-6)
