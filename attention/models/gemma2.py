@@ -38,7 +38,7 @@ class Gemma2Attention(nn.Module):
 
     def __init__(self, config, layer_idx):
         super().__init__()
-        read_model_type(config, self.MODEL_TYPES)
+        check_model_type(config, self.MODEL_TYPES)
         self.layer_idx = check_layer_idx(config, layer_idx)
         self.hidden_size = config_value(config, "hidden_size")
         self.num_attention_heads = config_value(config, "num_attention_heads")
@@ -53,11 +53,11 @@ class Gemma2Attention(nn.Module):
         self.sliding_window = config_value(config, "sliding_window") if self.layer_type == "sliding_attention" else None
 
         H, H_kv, D = self.num_attention_heads, self.num_key_value_heads, self.head_dim
-        bias = config_value(config, "attention_bias", False)
-        self.q_proj = nn.Linear(self.hidden_size, H * D, bias=bias)
-        self.k_proj = nn.Linear(self.hidden_size, H_kv * D, bias=bias)
-        self.v_proj = nn.Linear(self.hidden_size, H_kv * D, bias=bias)
-        self.o_proj = nn.Linear(H * D, self.hidden_size, bias=bias)
+        qkv_bias = o_bias = config_value(config, "attention_bias", False)
+        self.q_proj = nn.Linear(self.hidden_size, H * D, bias=qkv_bias)
+        self.k_proj = nn.Linear(self.hidden_size, H_kv * D, bias=qkv_bias)
+        self.v_proj = nn.Linear(self.hidden_size, H_kv * D, bias=qkv_bias)
+        self.o_proj = nn.Linear(H * D, self.hidden_size, bias=o_bias)
 
         self.rope_parameters = rope_parameters(config, self.layer_type)
         # float64 on the CPU, and not a buffer: `module.to(torch.bfloat16)` would round the frequencies, and with
@@ -297,14 +297,13 @@ def check_input(x, hidden_size):
         raise ValueError(f"x must have shape (B, T > 0, hidden_size={hidden_size}), got x.shape={tuple(x.shape)}")
 
 
-# Same as attention/models/llama.py::read_model_type
-def read_model_type(config, model_types):
-    """The config's `model_type` (`model_types[0]` where it names none), checked to be one of `model_types`."""
+# Same as attention/models/llama.py::check_model_type
+def check_model_type(config, model_types):
+    """Raise a clear error unless the config's `model_type` (where it names one) is one of `model_types`."""
     model_type = config_value(config, "model_type", None) or model_types[0]
     if model_type not in model_types:
         raise ValueError(f"this class builds the layers of model_type {', '.join(model_types)}; "
                          f"the config has model_type={model_type!r} (attention.models.MODELS maps each to its class)")
-    return model_type
 
 
 # Same as attention/models/llama.py::check_layer_idx

@@ -45,7 +45,7 @@ class LlamaAttention(nn.Module):
 
     def __init__(self, config, layer_idx):
         super().__init__()
-        model_type = read_model_type(config, self.MODEL_TYPES)
+        check_model_type(config, self.MODEL_TYPES)
         self.layer_idx = check_layer_idx(config, layer_idx)
         self.hidden_size = config_value(config, "hidden_size")
         self.num_attention_heads = config_value(config, "num_attention_heads")
@@ -54,18 +54,15 @@ class LlamaAttention(nn.Module):
         check_heads(self.num_attention_heads, self.num_key_value_heads)
         check_no_dropout(config)
         self.scaling = self.head_dim**-0.5
-
-        # Where the models differ: which projections have biases, which layers have a window.
-        attention_bias = model_type == "llama" and config_value(config, "attention_bias", False)
-        qkv_bias = attention_bias or model_type == "qwen2"  # Qwen2: q, k, v biases, always
-        self.layer_type = layer_type_of(config, self.layer_idx, model_type)
+        self.layer_type = layer_type_of(config, self.layer_idx)
         self.sliding_window = config_value(config, "sliding_window") if self.layer_type == "sliding_attention" else None
 
         H, H_kv, D = self.num_attention_heads, self.num_key_value_heads, self.head_dim
+        qkv_bias, o_bias = projection_biases(config)  # Llama, Mistral and Qwen2 differ here
         self.q_proj = nn.Linear(self.hidden_size, H * D, bias=qkv_bias)
         self.k_proj = nn.Linear(self.hidden_size, H_kv * D, bias=qkv_bias)
         self.v_proj = nn.Linear(self.hidden_size, H_kv * D, bias=qkv_bias)
-        self.o_proj = nn.Linear(H * D, self.hidden_size, bias=attention_bias)
+        self.o_proj = nn.Linear(H * D, self.hidden_size, bias=o_bias)
 
         self.rope_parameters = rope_parameters(config, self.layer_type)
         # float64 on the CPU, and not a buffer: `module.to(torch.bfloat16)` would round the frequencies, and with
@@ -115,18 +112,31 @@ class LlamaAttention(nn.Module):
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
 
-def layer_type_of(config, layer_idx, model_type):
+def layer_type_of(config, layer_idx):
     """transformers' kind of layer `layer_idx`: `config.layer_types[layer_idx]` where the config lists them;
     in a published config.json, which does not, the rule transformers' config class applies."""
     layer_types = config_value(config, "layer_types", None)
     if layer_types is not None:
         return layer_types[layer_idx]
+    model_type = config_value(config, "model_type", None)
     if model_type == "mistral":  # one window for every layer, where the config sets one
         return "sliding_attention" if config_value(config, "sliding_window", None) else "full_attention"
     if model_type in ("qwen2", "qwen3"):  # a window on the layers from max_window_layers on, if switched on
         sliding = config_value(config, "use_sliding_window", False) and config_value(config, "sliding_window", None)
         return "sliding_attention" if sliding and layer_idx >= config_value(config, "max_window_layers") else "full_attention"
     return "full_attention"
+
+
+def projection_biases(config):
+    """Whether the q/k/v projections and the output projection have biases: Llama's `attention_bias` on all four,
+    Qwen2's on q, k and v always (none on the output), Mistral's on none."""
+    model_type = config_value(config, "model_type", "llama")
+    if model_type == "qwen2":
+        return True, False
+    if model_type == "mistral":
+        return False, False
+    bias = config_value(config, "attention_bias", False)
+    return bias, bias
 
 
 def rope_parameters(config, layer_type):
@@ -282,13 +292,12 @@ def check_input(x, hidden_size):
         raise ValueError(f"x must have shape (B, T > 0, hidden_size={hidden_size}), got x.shape={tuple(x.shape)}")
 
 
-def read_model_type(config, model_types):
-    """The config's `model_type` (`model_types[0]` where it names none), checked to be one of `model_types`."""
+def check_model_type(config, model_types):
+    """Raise a clear error unless the config's `model_type` (where it names one) is one of `model_types`."""
     model_type = config_value(config, "model_type", None) or model_types[0]
     if model_type not in model_types:
         raise ValueError(f"this class builds the layers of model_type {', '.join(model_types)}; "
                          f"the config has model_type={model_type!r} (attention.models.MODELS maps each to its class)")
-    return model_type
 
 
 def check_layer_idx(config, layer_idx):

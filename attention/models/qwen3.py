@@ -36,7 +36,7 @@ class Qwen3Attention(nn.Module):
 
     def __init__(self, config, layer_idx):
         super().__init__()
-        model_type = read_model_type(config, self.MODEL_TYPES)
+        check_model_type(config, self.MODEL_TYPES)
         self.layer_idx = check_layer_idx(config, layer_idx)
         self.hidden_size = config_value(config, "hidden_size")
         self.num_attention_heads = config_value(config, "num_attention_heads")
@@ -45,15 +45,15 @@ class Qwen3Attention(nn.Module):
         check_heads(self.num_attention_heads, self.num_key_value_heads)
         check_no_dropout(config)
         self.scaling = self.head_dim**-0.5
-        self.layer_type = layer_type_of(config, self.layer_idx, model_type)
+        self.layer_type = layer_type_of(config, self.layer_idx)
         self.sliding_window = config_value(config, "sliding_window") if self.layer_type == "sliding_attention" else None
 
         H, H_kv, D = self.num_attention_heads, self.num_key_value_heads, self.head_dim
-        bias = config_value(config, "attention_bias", False)
-        self.q_proj = nn.Linear(self.hidden_size, H * D, bias=bias)
-        self.k_proj = nn.Linear(self.hidden_size, H_kv * D, bias=bias)
-        self.v_proj = nn.Linear(self.hidden_size, H_kv * D, bias=bias)
-        self.o_proj = nn.Linear(H * D, self.hidden_size, bias=bias)
+        qkv_bias = o_bias = config_value(config, "attention_bias", False)
+        self.q_proj = nn.Linear(self.hidden_size, H * D, bias=qkv_bias)
+        self.k_proj = nn.Linear(self.hidden_size, H_kv * D, bias=qkv_bias)
+        self.v_proj = nn.Linear(self.hidden_size, H_kv * D, bias=qkv_bias)
+        self.o_proj = nn.Linear(H * D, self.hidden_size, bias=o_bias)
         # The difference from Llama: one RMSNorm over head_dim for every query head, one for every key head.
         self.q_norm = Qwen3RMSNorm(D, config_value(config, "rms_norm_eps"))
         self.k_norm = Qwen3RMSNorm(D, config_value(config, "rms_norm_eps"))
@@ -129,12 +129,13 @@ class Qwen3RMSNorm(nn.Module):
 
 
 # Same as attention/models/llama.py::layer_type_of
-def layer_type_of(config, layer_idx, model_type):
+def layer_type_of(config, layer_idx):
     """transformers' kind of layer `layer_idx`: `config.layer_types[layer_idx]` where the config lists them;
     in a published config.json, which does not, the rule transformers' config class applies."""
     layer_types = config_value(config, "layer_types", None)
     if layer_types is not None:
         return layer_types[layer_idx]
+    model_type = config_value(config, "model_type", None)
     if model_type == "mistral":  # one window for every layer, where the config sets one
         return "sliding_attention" if config_value(config, "sliding_window", None) else "full_attention"
     if model_type in ("qwen2", "qwen3"):  # a window on the layers from max_window_layers on, if switched on
@@ -305,14 +306,13 @@ def check_input(x, hidden_size):
         raise ValueError(f"x must have shape (B, T > 0, hidden_size={hidden_size}), got x.shape={tuple(x.shape)}")
 
 
-# Same as attention/models/llama.py::read_model_type
-def read_model_type(config, model_types):
-    """The config's `model_type` (`model_types[0]` where it names none), checked to be one of `model_types`."""
+# Same as attention/models/llama.py::check_model_type
+def check_model_type(config, model_types):
+    """Raise a clear error unless the config's `model_type` (where it names one) is one of `model_types`."""
     model_type = config_value(config, "model_type", None) or model_types[0]
     if model_type not in model_types:
         raise ValueError(f"this class builds the layers of model_type {', '.join(model_types)}; "
                          f"the config has model_type={model_type!r} (attention.models.MODELS maps each to its class)")
-    return model_type
 
 
 # Same as attention/models/llama.py::check_layer_idx
