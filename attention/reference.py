@@ -302,8 +302,8 @@ def reference_rms_norm(x, weight=None, eps=1e-6, offset=0.0):
     return normed if weight is None else normed * (offset + weight.to(torch.float64))
 
 
-def reference_model_attention(x, state, *, head_dim, scale, rope=None, qk_norm=None, norm_eps=1e-6, norm_offset=0.0,
-                              window=None, chunk=None, softcap=None, query_temperature=None):
+def reference_model_attention(x, state, *, head_dim, scale, rope=None, interleaved=False, qk_norm=None, norm_eps=1e-6,
+                              norm_offset=0.0, window=None, chunk=None, softcap=None, query_temperature=None):
     """One causal self-attention layer of a current open model over positions `0 .. T-1`, in float64.
 
     Written from the models' papers, not from their code: project, normalise, rotate, mask, attend
@@ -318,6 +318,7 @@ def reference_model_attention(x, state, *, head_dim, scale, rope=None, qk_norm=N
         head_dim: D; the head counts H and H_kv follow from the weights' rows.
         scale, softcap: as in `reference_kernel`.
         rope: `(inverse_frequencies, attention_factor)` from `rope_inverse_frequencies`, or None: no rotation (NoPE).
+        interleaved: RoPE pairs `(2i, 2i + 1)` (Meta's layout, Llama 4) instead of `(i, i + D/2)` (`apply_rotary`).
         qk_norm: None; `"head"`: an RMSNorm of each query and key head over `head_dim`, before RoPE (Qwen3,
             Gemma 3); `"projection"`: an RMSNorm over the whole query and the whole key projection, before RoPE
             (OLMo 2); `"l2"`: an RMSNorm without weight of each head, after RoPE (Llama 4).
@@ -351,8 +352,8 @@ def reference_model_attention(x, state, *, head_dim, scale, rope=None, qk_norm=N
     positions = torch.arange(T)
     if rope is not None:
         inverse_frequencies, attention_factor = rope
-        q = apply_rotary(q, positions, inverse_frequencies, attention_factor)
-        k = apply_rotary(k, positions, inverse_frequencies, attention_factor)
+        q = apply_rotary(q, positions, inverse_frequencies, attention_factor, interleaved)
+        k = apply_rotary(k, positions, inverse_frequencies, attention_factor, interleaved)
     if qk_norm == "l2":
         q, k = reference_rms_norm(q, None, norm_eps), reference_rms_norm(k, None, norm_eps)
     elif qk_norm not in (None, "head", "projection"):

@@ -1,11 +1,12 @@
 # %% [markdown]
 # # Attention in current open models
 #
-# Llama 3, Mistral, Qwen3, OLMo 2, Gemma 2 and 3 and gpt-oss all run grouped-query attention with
+# Llama 3 and 4, Mistral, Qwen3, OLMo 2, Gemma 2 and 3 and gpt-oss all run grouped-query attention with
 # rotary embeddings ([Grouped-query and multi-query attention](../gqa/), [Position encodings](../positional/)),
 # and each changes it in a few lines: queries and keys normalised per head or over the whole projection,
-# logits soft-capped, a query scale that is not `1 / sqrt(head_dim)`, local (sliding-window) layers between
-# global ones, learned sinks that let a head attend to nothing, RoPE stretched for long contexts. This page
+# logits soft-capped, a query scale that is not `1 / sqrt(head_dim)`, local (sliding-window or chunked) layers
+# between global ones, learned sinks that let a head attend to nothing, RoPE stretched for long contexts or
+# dropped altogether. This page
 # shows each change as the lines that differ, checks every family against the float64 reference, and
 # draws what the changes do: to the weights, to the scores, across the layers, to the KV cache.
 #
@@ -34,6 +35,7 @@ from attention.models.gemma2 import Gemma2Attention, softcapped_attention
 from attention.models.gemma3 import Gemma3Attention, Gemma3RMSNorm
 from attention.models.gpt_oss import GptOssAttention, attention_with_sinks
 from attention.models.llama import LlamaAttention
+from attention.models.llama4 import Llama4TextAttention, chunk_mask
 from attention.models.olmo2 import Olmo2Attention
 from attention.models.published import PUBLISHED
 from attention.models.qwen3 import Qwen3Attention
@@ -48,6 +50,11 @@ def layers_of(config):
         return [MODELS[config["model_type"]].from_config(config, i) for i in range(config["num_hidden_layers"])]
 
 
+def span(layer):
+    """The keys a local layer's query can see at most (its window, or Llama 4's chunk); None for a global layer."""
+    return layer.sliding_window or getattr(layer, "attention_chunk_size", None)
+
+
 MODEL_LAYERS = {name: layers_of(entry["config"]) for name, entry in PUBLISHED.items()}
 
 
@@ -58,38 +65,44 @@ def ordinal(n):
 
 def schedule_text(layers):
     """'4,096 keys on 21 of 42 layers (every 2nd layer global)' and the like, from the layers' kinds."""
-    local = [layer for layer in layers if layer.sliding_window]
+    local = [layer for layer in layers if span(layer)]
     if not local:
         return f"none: all {len(layers)} global"
-    windows = sorted({layer.sliding_window for layer in local})
-    window = "/".join(f"{w:,}" for w in windows)
+    spans = "/".join(f"{w:,}" for w in sorted({span(layer) for layer in local}))
+    what = f"chunks of {spans}" if getattr(local[0], "attention_chunk_size", None) else f"{spans} keys"
     if len(local) == len(layers):
-        return f"{window} keys on all {len(layers)} layers"
-    global_at = [i for i, layer in enumerate(layers) if not layer.sliding_window]
+        return f"{what} on all {len(layers)} layers"
+    global_at = [i for i, layer in enumerate(layers) if not span(layer)]
     step = global_at[1] - global_at[0] if len(global_at) > 1 else None
     periodic = step and global_at == list(range(step - 1, len(layers), step))
     rule = f"every {ordinal(step)} layer global" if periodic else f"global at {global_at}"
-    return f"{window} keys on {len(local)} of {len(layers)} layers ({rule})"
+    return f"{what} on {len(local)} of {len(layers)} layers ({rule})"
 
 
 def rope_text(layers):
-    """RoPE variant and base per kind of layer, e.g. 'llama3 x8, θ 500,000'."""
+    """RoPE variant and base per kind of layer, e.g. 'llama3 ×8, θ 500,000'."""
     texts = {}
     for layer in layers:
         parameters = layer.rope_parameters
-        kind = parameters["rope_type"]
-        text = f"θ {parameters['rope_theta']:,.0f}"
-        if kind != "default":
-            text = f"{kind} ×{parameters['factor']:g}, {text}"
-        texts.setdefault(text, []).append("local" if layer.sliding_window else "global")
+        if parameters is None:
+            text = "none (NoPE)"
+        else:
+            text = f"θ {parameters['rope_theta']:,.0f}"
+            if parameters["rope_type"] != "default":
+                text = f"{parameters['rope_type']} ×{parameters['factor']:g}, {text}"
+        texts.setdefault(text, []).append("local" if span(layer) else "global")
     if len(texts) == 1:
         return next(iter(texts))
     return "; ".join(f"{sorted(set(kinds))[0]}: {text}" for text, kinds in texts.items())
 
 
-def qk_norm_text(layer):
-    if layer.qk_norm is None:
+def qk_norm_text(layers):
+    kinds = {layer.qk_norm for layer in layers}
+    if kinds == {None}:
         return "—"
+    layer = next(layer for layer in layers if layer.qk_norm)
+    if layer.qk_norm == "l2":
+        return f"L2 (RMS, no weight), per head, after RoPE, on the {sum(1 for x in layers if x.qk_norm)} RoPE layers"
     gemma = isinstance(layer.q_norm, Gemma3RMSNorm)
     where = {"head": "per head", "projection": "whole projection"}[layer.qk_norm]
     return f"RMSNorm{' (1 + w)' if gemma else ''}, {where}, before RoPE"
@@ -113,7 +126,7 @@ for name, layers in MODEL_LAYERS.items():
     first = layers[0]
     H, H_kv = first.num_attention_heads, first.num_key_value_heads
     rows.append((f"[{name}]({PUBLISHED[name]['source']})", f"{H} / {H_kv} = {H // H_kv}", first.head_dim,
-                 scale_text(first), qk_norm_text(first), getattr(first, "attn_logit_softcapping", None) or "—",
+                 scale_text(first), qk_norm_text(layers), getattr(first, "attn_logit_softcapping", None) or "—",
                  schedule_text(layers), "learned, 1 per head" if hasattr(first, "sinks") else "—", rope_text(layers)))
 show_table("The attention of each model, from its published config.json",
            ["model", "query heads / K/V heads", "head dim D", "scale", "QK-norm", "soft-cap", "window and schedule",
@@ -184,6 +197,20 @@ show_markdown("**gpt-oss's attention**")
 show_source(attention_with_sinks)
 
 # %% [markdown]
+# ### Chunks, NoPE and an L2 norm: Llama 4
+#
+# Llama 4's text model has two kinds of layer. Three in four rotate their queries and keys (in Meta's
+# interleaved layout, pairs `(2i, 2i + 1)`), then L2-normalise them per head, and attend only within their
+# chunk of 8,192 positions; every fourth has no position encoding at all (NoPE) and sees every earlier key,
+# its queries scaled up with the position so that attention stays sharp over millions of keys
+# (<https://arxiv.org/abs/2501.19399>):
+
+# %% tags=["hide-input"]
+show_markdown(source_diff("Llama 4 against Llama: qkv", LlamaAttention.qkv, Llama4TextAttention.qkv))
+show_markdown("**Which keys a chunked layer's query sees**")
+show_source(chunk_mask)
+
+# %% [markdown]
 # ### RoPE for long contexts: Llama 3.1, Gemma 3, gpt-oss
 #
 # Every family rotates queries and keys in the rotate-half layout (pair `i` with `i + D/2`). What
@@ -197,10 +224,11 @@ show_source(inspect.getmodule(LlamaAttention).rope_frequencies)
 # %% [markdown]
 # ### Windows and their caches: every local layer
 #
-# A local layer's query at position `i` sees keys `i - window < j <= i`: the last `window` keys, itself
+# A sliding layer's query at position `i` sees keys `i - window < j <= i`: the last `window` keys, itself
 # included, as transformers' masks do (`kv_idx > q_idx - sliding_window`). Its cache keeps exactly those:
 # `new_cache` returns the ring buffer of `attention/causal/gqa.py`, `SlidingWindowKVCache`, whatever the
-# capacity asked for, so a local layer's memory stops growing at the window.
+# capacity asked for, so a local layer's memory stops growing at the window. (Llama 4's chunked layers
+# keep the same ring, one chunk long, and mask it to the current chunk.)
 
 # %% tags=["hide-input"]
 show_markdown("**The cache of a layer (every family)**")
@@ -223,13 +251,15 @@ T_CHECK, WINDOW_CHECK = 24, 8
 
 
 def shrunk(config):
-    """`config` at 64 features, heads of 16, windows of at most 8 keys: the same mechanisms, tiny."""
+    """`config` at 64 features, heads of 16, windows and chunks of at most 8 keys: the same mechanisms, tiny."""
     group = config["num_attention_heads"] // (config.get("num_key_value_heads") or config["num_attention_heads"])
     num_kv_heads = max(1, 8 // group)
     small = {**config, "hidden_size": 64, "head_dim": 16, "num_attention_heads": num_kv_heads * group,
              "num_key_value_heads": num_kv_heads}
     if config.get("sliding_window"):
         small["sliding_window"] = min(config["sliding_window"], WINDOW_CHECK)
+    if config.get("attention_chunk_size"):  # Llama 4: chunks of 8, and a temperature that grows every 4 positions
+        small.update(attention_chunk_size=min(config["attention_chunk_size"], WINDOW_CHECK), floor_scale=4)
     if config["model_type"] in ("gemma2", "gemma3_text"):  # keep the scale's ratio to head_dim
         small["query_pre_attn_scalar"] = config["query_pre_attn_scalar"] * 16 // (config.get("head_dim") or 256)
     return small
@@ -248,12 +278,18 @@ def reference_of(module, x):
     """`reference_model_attention` of `module` on `x`, its keywords read off the layer's attributes."""
     q_norm = getattr(module, "q_norm", None)
     parameters = module.rope_parameters
+    temperature = None
+    if getattr(module, "attn_temperature_tuning", False):  # Llama 4's NoPE layers: queries sharpen with the position
+        positions = torch.arange(x.shape[1], dtype=torch.float64)
+        temperature = torch.log1p(torch.floor((positions + 1) / module.floor_scale)) * module.attn_scale + 1
     return reference_model_attention(
         x, module.state_dict(), head_dim=module.head_dim, scale=module.scaling,
-        rope=rope_inverse_frequencies(module.head_dim, parameters["rope_theta"], parameters),
-        qk_norm=module.qk_norm, norm_eps=getattr(q_norm, "variance_epsilon", getattr(q_norm, "eps", None)),
+        rope=None if parameters is None else rope_inverse_frequencies(module.head_dim, parameters["rope_theta"], parameters),
+        interleaved=isinstance(module, Llama4TextAttention), qk_norm=module.qk_norm,
+        norm_eps=getattr(q_norm, "variance_epsilon", getattr(q_norm, "eps", getattr(module, "norm_eps", None))),
         norm_offset=1.0 if isinstance(q_norm, Gemma3RMSNorm) else 0.0, window=module.sliding_window,
-        softcap=getattr(module, "attn_logit_softcapping", None))
+        chunk=getattr(module, "attention_chunk_size", None), softcap=getattr(module, "attn_logit_softcapping", None),
+        query_temperature=temperature)
 
 
 # %% tags=["hide-input"]
@@ -309,7 +345,7 @@ show_table(f"Each model's layers (shrunk, random weights) against the float64 re
            [(c["model"], c["layer"], c["kernel"], f"{c['float64']:.1e}", f"{c['float32']:.1e}", f"{c['decode']:.1e}",
              c["decode_kernel"], c["cache_positions"]) for c in checks])
 worst64, worst32 = max(checks, key=lambda c: c["float64"]), max(checks, key=lambda c: c["decode"])
-local_caches = sorted({c["cache_positions"] for c in checks if "sliding" in c["layer"]})
+local_caches = sorted({c["cache_positions"] for c in checks if "sliding" in c["layer"] or "chunked" in c["layer"]})
 show_markdown(f"In float64 the largest difference from the reference is {worst64['float64']:.1e} "
               f"({worst64['model']}, layer {worst64['layer']}): the two compute the same function. Decoding in "
               f"float32 with the cache stays within {worst32['decode']:.1e} of the float64 full pass at every "
@@ -439,16 +475,16 @@ show_markdown(f"The largest score of the row falls from {row.max():.0f} to {capp
 # none):
 
 # %% tags=["hide-input"]
-windowed = {name: layers for name, layers in MODEL_LAYERS.items() if any(layer.sliding_window for layer in layers)}
+windowed = {name: layers for name, layers in MODEL_LAYERS.items() if any(span(layer) for layer in layers)}
 depth = max(len(layers) for layers in windowed.values())
 fig = Figure(figsize=(10, 0.45 * len(windowed) + 1.4), layout="constrained")
 ax = fig.subplots()
 grid = torch.full((len(windowed), depth), float("nan"))
 for row_index, layers in enumerate(windowed.values()):
-    grid[row_index, :len(layers)] = torch.tensor([0.0 if layer.sliding_window else 1.0 for layer in layers])
+    grid[row_index, :len(layers)] = torch.tensor([0.0 if span(layer) else 1.0 for layer in layers])
 ax.imshow(grid, cmap=ListedColormap(["#9ecae1", "#08306b"]), aspect="auto", interpolation="nearest", vmin=0, vmax=1)
-ax.set_yticks(range(len(windowed)), [f"{name} (window {schedule_text(layers).split(' keys')[0]})"
-                                     for name, layers in windowed.items()])
+ax.set_yticks(range(len(windowed)), [f"{name} ({'chunk' if getattr(layers[0], 'attention_chunk_size', None) else 'window'} "
+                                     f"{max(span(layer) or 0 for layer in layers):,})" for name, layers in windowed.items()])
 ax.set_xticks(range(0, depth, 4))
 ax.set_xticks([i + 0.5 for i in range(depth - 1)], minor=True)
 ax.grid(which="minor", axis="x", color="white", linewidth=0.5)
@@ -457,7 +493,7 @@ ax.set(title="Local (light: sliding window) and global (dark) layers", xlabel="l
 show(fig)
 lines = []
 for name, layers in windowed.items():
-    local = sum(1 for layer in layers if layer.sliding_window)
+    local = sum(1 for layer in layers if span(layer))
     lines.append(f"* {name}: {schedule_text(layers)}; {local / len(layers):.0%} of its layers local.")
 show_markdown("\n".join(lines))
 
@@ -473,26 +509,24 @@ BYTES = 2  # bfloat16
 
 def kv_cache_bytes(layers, context):
     """Bytes of the KV cache of every layer at `context` positions, a local layer holding at most its window."""
-    return sum(2 * layer.num_key_value_heads * layer.head_dim * BYTES * min(context, layer.sliding_window or context)
+    return sum(2 * layer.num_key_value_heads * layer.head_dim * BYTES * min(context, span(layer) or context)
                for layer in layers)
 
 
 # Checked against allocated caches: one layer of each kind, a global one at 256 positions, a local one at its window.
 SMALL = 256
 for name, layers in MODEL_LAYERS.items():
-    allocated = {}
+    allocated = {}  # span (None: global) -> bytes of that layer's cache
     for layer in layers:
-        kind = layer.sliding_window
-        if kind not in allocated:
+        if span(layer) not in allocated:
             sizes = dict(batch_size=1, num_kv_heads=layer.num_key_value_heads, head_dim=layer.head_dim,
                          dtype=torch.bfloat16)
-            cache = SlidingWindowKVCache(window=kind, **sizes) if kind else KVCache(capacity=SMALL, **sizes)
-            allocated[kind] = cache.nbytes
+            cache = SlidingWindowKVCache(window=span(layer), **sizes) if span(layer) else KVCache(capacity=SMALL, **sizes)
+            allocated[span(layer)] = cache.nbytes
             del cache
-    for context in (SMALL, max(layer.sliding_window or SMALL for layer in layers) * 4):
-        from_caches = sum(allocated[layer.sliding_window] if layer.sliding_window and context >= layer.sliding_window
-                          else allocated[None] * context // SMALL if not layer.sliding_window
-                          else allocated[layer.sliding_window] * context // layer.sliding_window for layer in layers)
+    for context in (SMALL, max(span(layer) or SMALL for layer in layers) * 4):
+        from_caches = sum(allocated[None] * context // SMALL if not span(layer)
+                          else allocated[span(layer)] * min(context, span(layer)) // span(layer) for layer in layers)
         assert from_caches == kv_cache_bytes(layers, context), (name, context)
 
 # %% tags=["hide-input"]
@@ -518,8 +552,9 @@ palette = matplotlib.colormaps["tab20"]
 contexts = [2**p for p in range(10, 18)]
 for index, (name, layers) in enumerate(MODEL_LAYERS.items()):
     max_context = PUBLISHED[name]["config"]["max_position_embeddings"]
-    shown = [c for c in contexts if c <= max_context] + ([max_context] if max_context not in contexts else [])
-    windowed_model = any(layer.sliding_window for layer in layers)
+    shown = [c for c in contexts if c <= max_context] + ([max_context] if max_context < contexts[-1] else [])
+    shown = sorted(set(shown))
+    windowed_model = any(span(layer) for layer in layers)
     ax.plot(shown, [kv_cache_bytes(layers, c) / 2**30 for c in shown], marker="o", markersize=3,
             linestyle="-" if windowed_model else "--", label=name + (" (local layers capped)" if windowed_model else ""),
             color=palette(index % 20))
@@ -528,7 +563,7 @@ ax.set_yscale("log")
 ax.set_xticks(contexts, [f"{c // 1024}k" for c in contexts])
 ax.set(title="KV cache per sequence against context, bfloat16, batch 1", xlabel="context (tokens)",
        ylabel="KV cache (GiB)")
-ax.legend(fontsize=7, ncols=2, loc="upper left")
+ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="dashed: every layer global", title_fontsize=7)
 show(fig)
 at_max = {name: kv_cache_bytes(layers, PUBLISHED[name]["config"]["max_position_embeddings"])
           for name, layers in MODEL_LAYERS.items()}
@@ -540,7 +575,7 @@ show_markdown(
     f"with all its layers global Gemma 3 27B would cache "
     f"{sum(2 * layer.num_key_value_heads * layer.head_dim * BYTES * 131072 for layer in gemma3) / 2**30:.1f} GiB. "
     f"gpt-oss-120b caches {kv_cache_bytes(oss, 131072) / 2**30:.2f} GiB at 128k: its local layers hold "
-    f"{max(layer.sliding_window or 0 for layer in oss)} positions each.")
+    f"{max(span(layer) or 0 for layer in oss)} positions each.")
 
 # %% [markdown]
 # ## Decode step time per layer type

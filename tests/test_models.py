@@ -17,6 +17,7 @@ import torch
 from attention.models import MODELS, ModelAttention
 from attention.models.gemma3 import Gemma3RMSNorm
 from attention.models.llama import rotary_cos_sin
+from attention.models.llama4 import Llama4TextAttention
 from attention.reference import reference_model_attention, rope_inverse_frequencies
 from tests.helpers import tolerance
 
@@ -44,6 +45,10 @@ CASES = {  # name: (model_type, the tiny configuration's fields beyond TINY)
     "gemma3_text": ("gemma3_text", dict(num_hidden_layers=3, sliding_window_pattern=3, sliding_window=4,
                                         query_pre_attn_scalar=12, rope_parameters=GEMMA3_ROPE)),
     "gpt_oss": ("gpt_oss", dict(sliding_window=4, num_local_experts=4, num_experts_per_tok=2, rope_parameters=GPT_OSS_ROPE)),
+    # Chunks of 4 under 11 tokens; a temperature floor of 3 positions (8,192 in Llama 4), so it grows within 11.
+    "llama4_text": ("llama4_text", dict(num_hidden_layers=4, no_rope_layer_interval=2, attention_chunk_size=4,
+                                        floor_scale=3, attn_scale=0.5, num_local_experts=2, intermediate_size_mlp=48,
+                                        rope_parameters=LLAMA3_ROPE)),
 }
 LAYERS = [(name, layer_idx) for name, (_, fields) in CASES.items()
           for layer_idx in range(fields.get("num_hidden_layers", TINY["num_hidden_layers"]))]
@@ -70,7 +75,11 @@ def layer_of(name, layer_idx):
     return MODELS[config_of(name).model_type].from_config(config_of(name), layer_idx).to(torch.float64)
 
 
-NORMLESS = [(case, case_id) for case, case_id in zip(LAYERS, LAYER_IDS) if not hasattr(layer_of(*case), "q_norm")]
+# Llama 4 is left out: it normalises q and k (an L2 norm, in float32) and rotates them in complex float32.
+NORMLESS = [(case, case_id) for case, case_id in zip(LAYERS, LAYER_IDS)
+            if not hasattr(layer_of(*case), "q_norm") and case[0] != "llama4_text"]
+CHUNKED = [(case, case_id) for case, case_id in zip(LAYERS, LAYER_IDS)
+           if getattr(layer_of(*case), "attention_chunk_size", None)]
 SLIDING = [(case, case_id) for case, case_id in zip(LAYERS, LAYER_IDS) if layer_of(*case).sliding_window]
 
 
@@ -79,7 +88,8 @@ def run_model(name):
     """The tiny model of `CASES[name]`, every parameter randomised, run once on random tokens with hooks."""
     model_type = CASES[name][0]
     config = config_of(name)
-    extra = {"experts_implementation": "eager"} if model_type == "gpt_oss" else {}  # its grouped_mm has no float64
+    # Their experts' grouped_mm has no float64.
+    extra = {"experts_implementation": "eager"} if model_type in ("gpt_oss", "llama4_text") else {}
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float64,
                                                           **extra).eval()
@@ -105,14 +115,21 @@ def layer_pair(name, layer_idx):
     return hf_layer, module
 
 
-def reference_kwargs(module):
-    """`reference_model_attention`'s keywords for `module`, from the layer's documented attributes."""
-    rope = rope_inverse_frequencies(module.head_dim, module.rope_parameters["rope_theta"], module.rope_parameters)
+def reference_kwargs(module, length=T):
+    """`reference_model_attention`'s keywords for `module` over `length` positions, from the layer's attributes."""
+    parameters = module.rope_parameters
+    rope = None if parameters is None else rope_inverse_frequencies(module.head_dim, parameters["rope_theta"], parameters)
     q_norm = getattr(module, "q_norm", None)
-    return dict(head_dim=module.head_dim, scale=module.scaling, rope=rope, qk_norm=module.qk_norm,
-                norm_eps=getattr(q_norm, "variance_epsilon", getattr(q_norm, "eps", None)),
+    temperature = None
+    if getattr(module, "attn_temperature_tuning", False):  # Llama 4's NoPE layers (https://arxiv.org/abs/2501.19399)
+        positions = torch.arange(length, dtype=torch.float64)
+        temperature = torch.log1p(torch.floor((positions + 1) / module.floor_scale)) * module.attn_scale + 1
+    return dict(head_dim=module.head_dim, scale=module.scaling, rope=rope,
+                interleaved=isinstance(module, Llama4TextAttention), qk_norm=module.qk_norm,
+                norm_eps=getattr(q_norm, "variance_epsilon", getattr(q_norm, "eps", getattr(module, "norm_eps", None))),
                 norm_offset=1.0 if isinstance(q_norm, Gemma3RMSNorm) else 0.0, window=module.sliding_window,
-                softcap=getattr(module, "attn_logit_softcapping", None))
+                chunk=getattr(module, "attention_chunk_size", None), softcap=getattr(module, "attn_logit_softcapping", None),
+                query_temperature=temperature)
 
 
 def random_input(module, dtype=torch.float64, seed=1):
@@ -200,6 +217,20 @@ def test_a_sliding_layer_sees_only_its_window(name, layer_idx):
     assert seen.tolist() == [min(i + 1, module.sliding_window) for i in range(T)]
 
 
+@pytest.mark.parametrize("name,layer_idx", [case for case, _ in CHUNKED], ids=[case_id for _, case_id in CHUNKED])
+def test_a_chunked_layer_sees_only_its_chunk(name, layer_idx):
+    _, module = layer_pair(name, layer_idx)
+    x = random_input(module)
+    with torch.no_grad():
+        out = module(x)
+    chunked, weights = reference_model_attention(x, module.state_dict(), **reference_kwargs(module))
+    unchunked, _ = reference_model_attention(x, module.state_dict(), **{**reference_kwargs(module), "chunk": None})
+    torch.testing.assert_close(out, chunked, rtol=0, atol=1e-12)
+    assert (out - unchunked).abs().max() > 1e-3
+    seen = (weights[0, 0] > 0).sum(dim=-1)  # keys each query attends to
+    assert seen.tolist() == [i % module.attention_chunk_size + 1 for i in range(T)]
+
+
 SCHEDULES = {"prefill": [T], "steps": [1] * T, "prompt_then_steps": [5] + [1] * (T - 5), "chunks": [3, 4, 4]}
 
 
@@ -217,7 +248,8 @@ def test_cached_decoding_equals_the_full_forward(name, layer_idx, schedule):
             start += length
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=0, atol=1e-12)
     assert cache.length == T
-    kept = min(module.sliding_window or 16, 16)  # a sliding layer's cache holds its window, not the capacity
+    # A local layer's cache holds its window (or chunk), not the capacity.
+    kept = min(module.sliding_window or getattr(module, "attention_chunk_size", None) or 16, 16)
     assert cache.nbytes == 2 * B * module.num_key_value_heads * kept * module.head_dim * 8
 
 
@@ -309,8 +341,9 @@ def test_bad_inputs_get_clear_errors():
 
 # The fused path: attention/models/flex.py.
 
-# A soft-cap with and without a window (Gemma 2), sinks with a window (gpt-oss): each compile takes seconds.
-FLEX_LAYERS = [("gemma2", 0), ("gemma2", 1), ("gpt_oss", 0)]
+# A soft-cap with and without a window (Gemma 2), sinks with a window (gpt-oss), chunks (Llama 4): each compile
+# takes seconds.
+FLEX_LAYERS = [("gemma2", 0), ("gemma2", 1), ("gpt_oss", 0), ("llama4_text", 0)]
 
 
 @pytest.mark.parametrize("name,layer_idx", FLEX_LAYERS, ids=[f"{n}-{i}" for n, i in FLEX_LAYERS])
@@ -356,7 +389,8 @@ def test_sinks_scale_the_sinkless_output_by_a_sigmoid_of_the_log_sum_exp():
 
 HF_CLASSES = {"llama": ("llama", "Llama"), "mistral": ("mistral", "Mistral"), "qwen2": ("qwen2", "Qwen2"),
               "qwen3": ("qwen3", "Qwen3"), "olmo2": ("olmo2", "Olmo2"), "gemma2": ("gemma2", "Gemma2"),
-              "gemma3_text": ("gemma3", "Gemma3"), "gpt_oss": ("gpt_oss", "GptOss")}
+              "gemma3_text": ("gemma3", "Gemma3"), "gpt_oss": ("gpt_oss", "GptOss"),
+              "llama4_text": ("llama4", "Llama4Text")}
 
 
 @pytest.mark.parametrize("model", sorted(__import__("attention.models.published", fromlist=["PUBLISHED"]).PUBLISHED))
@@ -383,8 +417,13 @@ def test_a_published_config_builds_every_layer_as_transformers_reads_it(model):
         assert ours.layer_type == from_hf.layer_type == expected_type, layer_idx
         expected_window = hf_window if expected_type == "sliding_attention" else None
         assert ours.sliding_window == from_hf.sliding_window == expected_window, layer_idx
+        expected_chunk = hf_config.attention_chunk_size if expected_type == "chunked_attention" else None
+        assert getattr(ours, "attention_chunk_size", None) == getattr(from_hf, "attention_chunk_size", None) == expected_chunk
         assert ours.scaling == from_hf.scaling == theirs.scaling
         assert {n: t.shape for n, t in ours.state_dict().items()} == {n: t.shape for n, t in theirs.state_dict().items()}
+        if ours.inv_freq is None:  # Llama 4's NoPE layers
+            assert from_hf.inv_freq is None and not theirs.use_rope
+            continue
         prefix_type = f"{ours.layer_type}_" if hasattr(rotary, f"{ours.layer_type}_inv_freq") else ""  # Gemma 3
         inv_freq = getattr(rotary, f"{prefix_type}inv_freq")
         torch.testing.assert_close(ours.inv_freq, from_hf.inv_freq, rtol=1e-12, atol=0)

@@ -75,6 +75,7 @@ from attention.models.gemma2 import Gemma2Attention  # noqa: E402
 from attention.models.gemma3 import Gemma3Attention  # noqa: E402
 from attention.models.gpt_oss import GptOssAttention  # noqa: E402
 from attention.models.llama import LlamaAttention  # noqa: E402
+from attention.models.llama4 import Llama4TextAttention  # noqa: E402
 from attention.models.olmo2 import Olmo2Attention  # noqa: E402
 from attention.models.qwen3 import Qwen3Attention  # noqa: E402
 
@@ -89,4 +90,5 @@ MODELS = Registry({
     "gemma2": Gemma2Attention,
     "gemma3_text": Gemma3Attention,
     "gpt_oss": GptOssAttention,
+    "llama4_text": Llama4TextAttention,
 })

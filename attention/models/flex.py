@@ -7,7 +7,8 @@ out the `(T, S)` scores. Where the layer's own `forward` needs them written out 
 sinks: SDPA has neither), this is the fused path; the tests prove both equal to the float64 reference.
 
 * **A window** is the mask predicate `attention.masks.sliding_window(w)`; its `BlockMask` lets the kernel skip
-  every block of keys wholly outside the window, so a local layer's work grows as `T * w`, not `T²`.
+  every block of keys wholly outside the window, so a local layer's work grows as `T * w`, not `T²`. Llama 4's
+  chunks are `causal` and `same_chunk(c)`, whose blocks outside the diagonal chunks are skipped alike.
 * **A soft-cap** is the `score_mod` `softcap * tanh(score / softcap)`, applied in the kernel to each score.
 * **Learned sinks**: the sink's share of a row's softmax is `sigmoid(sink - lse)`, `lse` the log-sum-exp of the
   row's scores, so `out_with_sink = out * sigmoid(lse - sink)` for any kernel that returns `lse`. Compiled
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from attention.causal.flex import MIN_CPU_SEQ_LEN, compiled_flex_attention
-from attention.masks import block_mask, causal, or_masks, sliding_window
+from attention.masks import and_masks, block_mask, causal, or_masks, sliding_window
 
 _block_masks = {}  # (mask name, q_len, kv_len, device) -> BlockMask, built once
 
@@ -37,7 +38,7 @@ def flex_forward(module, x):
     """`module(x)` for a layer of `attention/models/`, its attention on compiled FlexAttention: `(B, T, hidden_size)`.
 
     Reads the layer's `qkv`, `o_proj`, `scaling`, `sliding_window` and, where it has them,
-    `attn_logit_softcapping` (Gemma 2) and `sinks` (gpt-oss).
+    `attn_logit_softcapping` (Gemma 2), `sinks` (gpt-oss) and `attention_chunk_size` (Llama 4).
     """
     B, T, C = x.shape
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in module.parameters()))
@@ -49,6 +50,9 @@ def flex_forward(module, x):
     q, k, v = (F.pad(t, (0, 0, 0, T_run - T)) for t in (q, k, v))  # (B, *, T_run, D): padding after the real tokens
 
     mask_mod = causal if module.sliding_window is None else sliding_window(module.sliding_window)
+    chunk = getattr(module, "attention_chunk_size", None)
+    if chunk is not None:
+        mask_mod = and_masks(causal, same_chunk(chunk))
     softcap = getattr(module, "attn_logit_softcapping", None)
     sinks = getattr(module, "sinks", None)
     if sinks is None:
@@ -72,6 +76,15 @@ def softcap_score_mod(softcap):
         return softcap * torch.tanh(score / softcap)
 
     return score_mod
+
+
+def same_chunk(chunk):
+    """The mask predicate of Llama 4's chunked attention: query and key in the same chunk of `chunk` positions."""
+    def mask_mod(b, h, q_idx, kv_idx):
+        return q_idx // chunk == kv_idx // chunk
+
+    mask_mod.__name__ = f"same_chunk_{chunk}"
+    return mask_mod
 
 
 def sink_key(index):

@@ -103,6 +103,18 @@ PUBLISHED = {
             "rope_local_base_freq": 10000.0,  # default
         },
     },
+    "Llama 4 Scout": {
+        "source": "https://huggingface.co/meta-llama/Llama-4-Scout-17B-16E-Instruct/blob/main/config.json",  # text_config
+        "config": {
+            "model_type": "llama4_text", "hidden_size": 5120, "num_hidden_layers": 48, "num_attention_heads": 40,
+            "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 10485760, "rms_norm_eps": 1e-05,
+            "attention_bias": False, "attention_chunk_size": 8192, "no_rope_layers": [1, 1, 1, 0] * 12,
+            "use_qk_norm": True, "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1,
+            "rope_theta": 500000.0,
+            "rope_scaling": {"factor": 16.0, "high_freq_factor": 1.0, "low_freq_factor": 1.0,
+                             "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        },
+    },
     "gpt-oss-20b": {
         "source": "https://huggingface.co/openai/gpt-oss-20b/blob/main/config.json",
         "config": {
