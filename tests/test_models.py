@@ -14,6 +14,7 @@ import functools
 import pytest
 import torch
 
+from attention.causal.gqa import KVCache, SlidingWindowKVCache
 from attention.models import MODELS, ModelAttention
 from attention.models.gemma3 import Gemma3RMSNorm
 from attention.models.llama import rotary_cos_sin
@@ -321,8 +322,6 @@ def test_a_cache_from_another_layer_is_refused():
     cache = layer0.new_cache(B, capacity=16)
     with torch.no_grad(), pytest.raises(ValueError, match="layer 0"):
         layer1(random_input(layer1)[:, :1], cache=cache)
-    from attention.causal.gqa import KVCache
-
     foreign = KVCache(B, layer0.num_key_value_heads, layer0.head_dim, 16, dtype=torch.float64)
     with torch.no_grad(), pytest.raises(TypeError, match="new_cache"):
         layer0(random_input(layer0)[:, :1], cache=foreign)
@@ -429,3 +428,14 @@ def test_a_published_config_builds_every_layer_as_transformers_reads_it(model):
         torch.testing.assert_close(ours.inv_freq, from_hf.inv_freq, rtol=1e-12, atol=0)
         torch.testing.assert_close(ours.inv_freq.float(), inv_freq, rtol=2e-6, atol=0)  # transformers: float32
         assert ours.attention_scaling == pytest.approx(getattr(rotary, f"{prefix_type}attention_scaling"), rel=1e-6)
+
+
+def test_a_cache_of_another_shape_or_window_is_refused():
+    _, module = layer_pair("gemma2", 0)  # window 4, 2 K/V heads of 8
+    with torch.no_grad():
+        x = random_input(module)[:, :1]
+        for cache in (KVCache(B, 1, module.head_dim, 16, dtype=torch.float64),
+                      SlidingWindowKVCache(B, module.num_key_value_heads, module.head_dim, 8, dtype=torch.float64)):
+            cache.layer = ("Gemma2Attention", 0)  # as if made by this layer: the shape or the window still tells
+            with pytest.raises(ValueError, match="K/V heads|window of 8"):
+                module(x, cache=cache)

@@ -270,7 +270,13 @@ def check_cache(module, cache, x):
     if cache.layer != layer:
         raise ValueError(f"cache was made by {cache.layer[0]} layer {cache.layer[1]}, not by this layer "
                          f"({layer[0]} layer {layer[1]}, {module.layer_type})")
-    B = cache.keys.shape[0]
+    B, H_kv, _, D = cache.keys.shape
+    if (H_kv, D) != (module.num_key_value_heads, module.head_dim):
+        raise ValueError(f"cache holds {H_kv} K/V heads of size {D}, the layer has num_key_value_heads="
+                         f"{module.num_key_value_heads}, head_dim={module.head_dim}")
+    span = module.sliding_window or getattr(module, "attention_chunk_size", None)  # a local layer's window or chunk
+    if isinstance(cache, SlidingWindowKVCache) and cache.window != span:
+        raise ValueError(f"cache keeps a window of {cache.window} positions, the layer's is {span}")
     if x.shape[0] != B:
         raise ValueError(f"x has batch size {x.shape[0]}, the cache was made for batch_size={B}")
     if cache.keys.dtype != x.dtype or cache.keys.device != x.device:
