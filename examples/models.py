@@ -489,7 +489,7 @@ ax.set_xticks(range(0, depth, 4))
 ax.set_xticks([i + 0.5 for i in range(depth - 1)], minor=True)
 ax.grid(which="minor", axis="x", color="white", linewidth=0.5)
 ax.tick_params(which="minor", length=0)
-ax.set(title="Local (light: sliding window) and global (dark) layers", xlabel="layer index")
+ax.set(title="Local (light: sliding window or chunk) and global (dark) layers", xlabel="layer index")
 show(fig)
 lines = []
 for name, layers in windowed.items():
