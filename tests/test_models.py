@@ -20,7 +20,7 @@ from attention.models.gemma3 import Gemma3RMSNorm
 from attention.models.llama import rotary_cos_sin
 from attention.models.llama4 import Llama4TextAttention
 from attention.reference import reference_model_attention, rope_inverse_frequencies
-from tests.helpers import tolerance
+from tests.helpers import requires_cuda, tolerance
 
 transformers = pytest.importorskip("transformers")
 
@@ -439,3 +439,22 @@ def test_a_cache_of_another_shape_or_window_is_refused():
             cache.layer = ("Gemma2Attention", 0)  # as if made by this layer: the shape or the window still tells
             with pytest.raises(ValueError, match="K/V heads|window of 8"):
                 module(x, cache=cache)
+
+
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("name,layer_idx", [("gemma2", 0), ("gpt_oss", 0), ("llama4_text", 0), ("qwen3", 1)],
+                         ids=["gemma2-0", "gpt_oss-0", "llama4_text-0", "qwen3-1"])
+def test_on_cuda_the_layer_its_cache_and_flex_equal_the_reference(name, layer_idx):
+    from attention.models.flex import flex_forward
+
+    _, module = layer_pair(name, layer_idx)
+    module = module.to("cuda", torch.float32)
+    x = random_input(module, torch.float32).cuda()
+    expected, _ = reference_model_attention(x.cpu(), {k: v.cpu() for k, v in module.state_dict().items()},
+                                            **reference_kwargs(module))
+    with torch.no_grad():
+        cache = module.new_cache(B, capacity=16)
+        steps = torch.cat([module(x[:, :5], cache=cache)] + [module(x[:, t:t + 1], cache=cache) for t in range(5, T)], 1)
+        for out in (module(x), steps, flex_forward(module, x)):
+            torch.testing.assert_close(out.double().cpu(), expected, **tolerance("cuda", torch.float32))
