@@ -108,6 +108,11 @@ def qk_norm_text(layers):
     return f"RMSNorm{' (1 + w)' if gemma else ''}, {where}, before RoPE"
 
 
+def softcap_text(layer):
+    cap = getattr(layer, "attn_logit_softcapping", None)
+    return "—" if cap is None else f"{cap:g}"
+
+
 def scale_text(layer):
     scalar = round(layer.scaling**-2)
     return "1/√D" if math.isclose(layer.scaling, layer.head_dim**-0.5) else f"1/√{scalar} (D = {layer.head_dim})"
@@ -126,7 +131,7 @@ for name, layers in MODEL_LAYERS.items():
     first = layers[0]
     H, H_kv = first.num_attention_heads, first.num_key_value_heads
     rows.append((f"[{name}]({PUBLISHED[name]['source']})", f"{H} / {H_kv} = {H // H_kv}", first.head_dim,
-                 scale_text(first), qk_norm_text(layers), getattr(first, "attn_logit_softcapping", None) or "—",
+                 scale_text(first), qk_norm_text(layers), softcap_text(first),
                  schedule_text(layers), "learned, 1 per head" if hasattr(first, "sinks") else "—", rope_text(layers)))
 show_table("The attention of each model, from its published config.json",
            ["model", "query heads / K/V heads", "head dim D", "scale", "QK-norm", "soft-cap", "window and schedule",
@@ -580,8 +585,7 @@ show_markdown(
 # %% [markdown]
 # ## Decode step time per layer type
 #
-# !!! note "To come from the benchmark's decode sweep"
-#     The time of one decode step of each kind of layer (global, local with its window, with sinks,
-#     with a soft-cap) from 1k to 32k context will be read from the benchmark's decode results
-#     (`docs/results/decode/`) once the decode sweep records these layers. No such run is recorded yet,
-#     so this page shows no timing: speed is measured, not asserted.
+# **To come from the benchmark's decode sweep.** The time of one decode step of each kind of layer
+# (global, local with its window or chunk, with sinks, with a soft-cap) from 1k to 32k context will be read
+# from the benchmark's decode results (`docs/results/decode/`) once the decode sweep records these layers.
+# No such run is recorded yet, so this page shows no timing: speed is measured, not asserted.
