@@ -345,3 +345,88 @@ def reference_attention_class(position_encoding=None):
         raise ValueError(f"position_encoding must be None, 'alibi' or 'rope', got {position_encoding!r}")
     return type(f"Reference{position_encoding.title()}CausalSelfAttention", (ReferenceCausalSelfAttention,),
                 {"position_encoding": position_encoding})
+
+
+# ======================================================================================================
+# The model families (attention/models/): QK-norm, and one attention layer as current open models run it
+# ======================================================================================================
+
+
+def reference_rms_norm(x, weight=None, eps=1e-6, offset=0.0):
+    """RMSNorm over the last dimension in float64: `x / sqrt(mean(x²) + eps) * (offset + weight)`.
+
+    `offset` is 0 for Llama-style weights (Qwen3, OLMo 2) and 1 for Gemma's, which store `scale - 1`; `weight`
+    None multiplies by nothing (Llama 4's "L2 norm" of queries and keys is this, with no weight).
+    """
+    x = x.to(torch.float64)
+    normed = x / torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return normed if weight is None else normed * (offset + weight.to(torch.float64))
+
+
+def reference_model_attention(x, state, *, head_dim, scale, rope=None, interleaved=False, qk_norm=None, norm_eps=1e-6,
+                              norm_offset=0.0, window=None, chunk=None, softcap=None, query_temperature=None):
+    """One causal self-attention layer of a current open model over positions `0 .. T-1`, in float64.
+
+    Written from the models' papers, not from their code: project, normalise, rotate, mask, attend
+    (`reference_kernel`), project back. `attention/models/` is tested against it.
+
+    Args:
+        x: `(B, T, hidden)`.
+        state: transformers' parameter names: `q_proj.weight` `(H * D, hidden)`, `k_proj.weight` and
+            `v_proj.weight` `(H_kv * D, hidden)`, `o_proj.weight` `(hidden, H * D)`, and each one's `.bias` where
+            the model has it; `q_norm.weight`, `k_norm.weight` for a `qk_norm` with weights; `sinks` `(H,)`
+            for learned sinks (gpt-oss).
+        head_dim: D; the head counts H and H_kv follow from the weights' rows.
+        scale, softcap: as in `reference_kernel`.
+        rope: `(inverse_frequencies, attention_factor)` from `rope_inverse_frequencies`, or None: no rotation (NoPE).
+        interleaved: RoPE pairs `(2i, 2i + 1)` (Meta's layout, Llama 4) instead of `(i, i + D/2)` (`apply_rotary`).
+        qk_norm: None; `"head"`: an RMSNorm of each query and key head over `head_dim`, before RoPE (Qwen3,
+            Gemma 3); `"projection"`: an RMSNorm over the whole query and the whole key projection, before RoPE
+            (OLMo 2); `"l2"`: an RMSNorm without weight of each head, after RoPE (Llama 4).
+        norm_eps, norm_offset: the norms' epsilon and weight offset (`reference_rms_norm`).
+        window: query i attends to keys `i - window < j <= i` (a sliding-window layer); None: every `j <= i`.
+        chunk: query i attends to keys `j <= i` of its own chunk, `j // chunk == i // chunk` (Llama 4's local layers).
+        query_temperature: `(T,)` factors multiplying each position's query (Llama 4's NoPE layers), or None.
+
+    Returns:
+        `(out, weights)`: `(B, T, hidden)` and `(B, H, T, T)`, both float64.
+    """
+    f64 = {name: tensor.to(torch.float64) for name, tensor in state.items()}
+    x = x.to(torch.float64)
+    B, T, _ = x.shape
+
+    def project(inputs, name):
+        y = inputs @ f64[f"{name}.weight"].T
+        return y + f64[f"{name}.bias"] if f"{name}.bias" in f64 else y
+
+    def heads(y):  # (B, T, heads * D) -> (B, heads, T, D)
+        return y.reshape(B, T, -1, head_dim).transpose(1, 2)
+
+    q, k, v = project(x, "q_proj"), project(x, "k_proj"), project(x, "v_proj")
+    if qk_norm == "projection":
+        q = reference_rms_norm(q, f64["q_norm.weight"], norm_eps, norm_offset)
+        k = reference_rms_norm(k, f64["k_norm.weight"], norm_eps, norm_offset)
+    q, k, v = heads(q), heads(k), heads(v)
+    if qk_norm == "head":
+        q = reference_rms_norm(q, f64["q_norm.weight"], norm_eps, norm_offset)
+        k = reference_rms_norm(k, f64["k_norm.weight"], norm_eps, norm_offset)
+    positions = torch.arange(T)
+    if rope is not None:
+        inverse_frequencies, attention_factor = rope
+        q = apply_rotary(q, positions, inverse_frequencies, attention_factor, interleaved)
+        k = apply_rotary(k, positions, inverse_frequencies, attention_factor, interleaved)
+    if qk_norm == "l2":
+        q, k = reference_rms_norm(q, None, norm_eps), reference_rms_norm(k, None, norm_eps)
+    elif qk_norm not in (None, "head", "projection"):
+        raise ValueError(f"qk_norm must be None, 'head', 'projection' or 'l2', got {qk_norm!r}")
+    if query_temperature is not None:
+        q = q * query_temperature.to(torch.float64).view(1, 1, T, 1)
+    distance = positions[:, None] - positions[None, :]  # (T, T): query i - key j
+    mask = distance >= 0
+    if window is not None:
+        mask = mask & (distance < window)
+    if chunk is not None:
+        mask = mask & (positions[:, None] // chunk == positions[None, :] // chunk)
+    context, weights = reference_kernel(q, k, v, mask, scale=scale, softcap=softcap, sinks=f64.get("sinks"))
+    context = context.transpose(1, 2).reshape(B, T, -1)  # (B, T, H * D)
+    return project(context, "o_proj"), weights

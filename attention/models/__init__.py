@@ -70,5 +70,25 @@ class Registry(dict):
         raise KeyError(f"unknown model_type {name!r}; attention.models.MODELS has: {', '.join(sorted(self))}")
 
 
+# The families import nothing from this file (each is copyable alone), so importing them here is no cycle.
+from attention.models.gemma2 import Gemma2Attention  # noqa: E402
+from attention.models.gemma3 import Gemma3Attention  # noqa: E402
+from attention.models.gpt_oss import GptOssAttention  # noqa: E402
+from attention.models.llama import LlamaAttention  # noqa: E402
+from attention.models.llama4 import Llama4TextAttention  # noqa: E402
+from attention.models.olmo2 import Olmo2Attention  # noqa: E402
+from attention.models.qwen3 import Qwen3Attention  # noqa: E402
+
 # transformers' `model_type` -> the class that builds that model's attention layer (`from_config`).
-MODELS = Registry()
+# MODELS[name] of a name not here raises KeyError listing the known ones.
+MODELS = Registry({
+    "llama": LlamaAttention,
+    "mistral": LlamaAttention,
+    "qwen2": LlamaAttention,
+    "qwen3": Qwen3Attention,
+    "olmo2": Olmo2Attention,
+    "gemma2": Gemma2Attention,
+    "gemma3_text": Gemma3Attention,
+    "gpt_oss": GptOssAttention,
+    "llama4_text": Llama4TextAttention,
+})

@@ -1,0 +1,460 @@
+"""The model families (attention/models/): each layer equal to transformers' own, to the float64 reference, and
+decoding with its cache equal to the full forward.
+
+transformers (a test-only extra) builds each model from a tiny random configuration, offline: no weights are
+downloaded. Every parameter is randomised, the whole tiny model runs in float64 with eager attention, and hooks
+capture what each attention layer receives and returns, so masks, windows and rotary embeddings are the
+model's own. Each configuration switches its family's mechanisms on at sizes where they bite: windows of 4-5
+keys under 11 tokens, a soft-cap of 2, a query scale that is not `1 / sqrt(head_dim)`.
+"""
+
+import dataclasses
+import functools
+
+import pytest
+import torch
+
+from attention.causal.gqa import KVCache, SlidingWindowKVCache
+from attention.models import MODELS, ModelAttention
+from attention.models.gemma3 import Gemma3RMSNorm
+from attention.models.llama import rotary_cos_sin
+from attention.models.llama4 import Llama4TextAttention
+from attention.reference import reference_model_attention, rope_inverse_frequencies
+from tests.helpers import requires_cuda, tolerance
+
+transformers = pytest.importorskip("transformers")
+
+B, T = 2, 11  # 11 tokens: past every window below
+TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, max_position_embeddings=256)
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+# "original" contexts of 16 positions put some of the 4 frequency pairs on each side of the ramps.
+YARN_ROPE = {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 16}
+GPT_OSS_ROPE = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": 16}
+GEMMA3_ROPE = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+               "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+
+CASES = {  # name: (model_type, the tiny configuration's fields beyond TINY)
+    "llama": ("llama", dict(attention_bias=True, rope_parameters=LLAMA3_ROPE)),
+    "mistral": ("mistral", dict(sliding_window=4)),
+    "qwen2": ("qwen2", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1)),
+    "qwen3": ("qwen3", dict(use_sliding_window=True, sliding_window=5, max_window_layers=1, rope_parameters=YARN_ROPE)),
+    "olmo2": ("olmo2", dict(num_key_value_heads=4)),  # multi-head, as OLMo 2 7B
+    "gemma2": ("gemma2", dict(sliding_window=4, query_pre_attn_scalar=12, attn_logit_softcapping=2.0)),
+    "gemma3_text": ("gemma3_text", dict(num_hidden_layers=3, sliding_window_pattern=3, sliding_window=4,
+                                        query_pre_attn_scalar=12, rope_parameters=GEMMA3_ROPE)),
+    "gpt_oss": ("gpt_oss", dict(sliding_window=4, num_local_experts=4, num_experts_per_tok=2, rope_parameters=GPT_OSS_ROPE)),
+    # Chunks of 4 under 11 tokens; a temperature floor of 3 positions (8,192 in Llama 4), so it grows within 11.
+    "llama4_text": ("llama4_text", dict(num_hidden_layers=4, no_rope_layer_interval=2, attention_chunk_size=4,
+                                        floor_scale=3, attn_scale=0.5, num_local_experts=2, intermediate_size_mlp=48,
+                                        rope_parameters=LLAMA3_ROPE)),
+}
+LAYERS = [(name, layer_idx) for name, (_, fields) in CASES.items()
+          for layer_idx in range(fields.get("num_hidden_layers", TINY["num_hidden_layers"]))]
+LAYER_IDS = [f"{name}-{layer_idx}" for name, layer_idx in LAYERS]
+
+
+@dataclasses.dataclass
+class Run:
+    config: object  # transformers' config object
+    model: object  # the tiny transformers model, float64, eager attention
+    inputs: dict  # layer_idx -> what the model fed that attention layer: hidden_states, attention_mask, ...
+    outputs: dict  # layer_idx -> the layer's output (B, T, hidden_size)
+
+
+@functools.cache
+def config_of(name):
+    """transformers' config object of `CASES[name]`."""
+    model_type, fields = CASES[name]
+    return transformers.AutoConfig.for_model(model_type, **{**TINY, **fields})
+
+
+def layer_of(name, layer_idx):
+    """Our layer `layer_idx` of `CASES[name]`, float64, untrained."""
+    return MODELS[config_of(name).model_type].from_config(config_of(name), layer_idx).to(torch.float64)
+
+
+# Llama 4 is left out: it normalises q and k (an L2 norm, in float32) and rotates them in complex float32.
+NORMLESS = [(case, case_id) for case, case_id in zip(LAYERS, LAYER_IDS)
+            if not hasattr(layer_of(*case), "q_norm") and case[0] != "llama4_text"]
+CHUNKED = [(case, case_id) for case, case_id in zip(LAYERS, LAYER_IDS)
+           if getattr(layer_of(*case), "attention_chunk_size", None)]
+SLIDING = [(case, case_id) for case, case_id in zip(LAYERS, LAYER_IDS) if layer_of(*case).sliding_window]
+
+
+@functools.cache
+def run_model(name):
+    """The tiny model of `CASES[name]`, every parameter randomised, run once on random tokens with hooks."""
+    model_type = CASES[name][0]
+    config = config_of(name)
+    # Their experts' grouped_mm has no float64.
+    extra = {"experts_implementation": "eager"} if model_type in ("gpt_oss", "llama4_text") else {}
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float64,
+                                                          **extra).eval()
+    with torch.no_grad():
+        for pname, param in model.named_parameters():  # norm weights and sinks too
+            param.normal_(0.0, 2.0 if pname.endswith("sinks") else 0.5)
+    inputs, outputs = {}, {}
+    for layer_idx, layer in enumerate(model.model.layers):
+        def capture(module, args, kwargs, output, layer_idx=layer_idx):
+            inputs[layer_idx], outputs[layer_idx] = dict(kwargs), output[0]
+        layer.self_attn.register_forward_hook(capture, with_kwargs=True)
+    with torch.no_grad():
+        model(torch.randint(0, TINY["vocab_size"], (B, T)))
+    return Run(config, model, inputs, outputs)
+
+
+def layer_pair(name, layer_idx):
+    """transformers' attention layer of `CASES[name]` and ours, built from the same config, with its weights."""
+    run = run_model(name)
+    hf_layer = run.model.model.layers[layer_idx].self_attn
+    module = MODELS[run.config.model_type].from_config(run.config, layer_idx).to(torch.float64)
+    module.load_state_dict(hf_layer.state_dict())
+    return hf_layer, module
+
+
+def reference_kwargs(module, length=T):
+    """`reference_model_attention`'s keywords for `module` over `length` positions, from the layer's attributes."""
+    parameters = module.rope_parameters
+    rope = None if parameters is None else rope_inverse_frequencies(module.head_dim, parameters["rope_theta"], parameters)
+    q_norm = getattr(module, "q_norm", None)
+    temperature = None
+    if getattr(module, "attn_temperature_tuning", False):  # Llama 4's NoPE layers (https://arxiv.org/abs/2501.19399)
+        positions = torch.arange(length, dtype=torch.float64)
+        temperature = torch.log1p(torch.floor((positions + 1) / module.floor_scale)) * module.attn_scale + 1
+    return dict(head_dim=module.head_dim, scale=module.scaling, rope=rope,
+                interleaved=isinstance(module, Llama4TextAttention), qk_norm=module.qk_norm,
+                norm_eps=getattr(q_norm, "variance_epsilon", getattr(q_norm, "eps", getattr(module, "norm_eps", None))),
+                norm_offset=1.0 if isinstance(q_norm, Gemma3RMSNorm) else 0.0, window=module.sliding_window,
+                chunk=getattr(module, "attention_chunk_size", None), softcap=getattr(module, "attn_logit_softcapping", None),
+                query_temperature=temperature)
+
+
+def random_input(module, dtype=torch.float64, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(B, T, module.hidden_size, generator=generator, dtype=torch.float64).to(dtype)
+
+
+@pytest.mark.parametrize("name,layer_idx", LAYERS, ids=LAYER_IDS)
+def test_layer_equals_transformers_layer(name, layer_idx):
+    run = run_model(name)
+    hf_layer, module = layer_pair(name, layer_idx)
+    assert isinstance(module, ModelAttention)
+    assert module.layer_type == getattr(run.config, "layer_types", [module.layer_type] * 99)[layer_idx]
+    with torch.no_grad():
+        out = module(run.inputs[layer_idx]["hidden_states"])
+    # transformers computes RoPE's angles and the RMSNorms in float32, even in a float64 model: ~1e-7 relative.
+    torch.testing.assert_close(out, run.outputs[layer_idx], rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,layer_idx", [case for case, _ in NORMLESS], ids=[case_id for _, case_id in NORMLESS])
+def test_transformers_differs_only_by_its_float32_steps(name, layer_idx, monkeypatch):
+    """transformers computes RoPE's cos and sin, and Llama's and Gemma's softmax, in float32 even in a float64 model.
+    Fed float64 cos and sin (ours) and the model's own mask, its softmax left in float64, its layer (one without
+    norms, which are float32 too) equals ours to 1e-12."""
+    softmax = torch.nn.functional.softmax
+
+    def float64_softmax(input, dim=None, _stacklevel=3, dtype=None):
+        return softmax(input, dim=dim, dtype=None if input.dtype == torch.float64 else dtype)
+
+    monkeypatch.setattr(torch.nn.functional, "softmax", float64_softmax)
+    run = run_model(name)
+    hf_layer, module = layer_pair(name, layer_idx)
+    x = run.inputs[layer_idx]["hidden_states"]
+    cos, sin = rotary_cos_sin(module, 0, T, x)  # (T, D) each
+    if run.config.model_type == "gpt_oss":  # its tables hold each pair's angle once: (T, D/2)
+        cos, sin = cos[:, : module.head_dim // 2], sin[:, : module.head_dim // 2]
+    with torch.no_grad():
+        expected, _ = hf_layer(hidden_states=x, position_embeddings=(cos[None], sin[None]),
+                               attention_mask=run.inputs[layer_idx]["attention_mask"])
+        out = module(x)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name,layer_idx", LAYERS, ids=LAYER_IDS)
+def test_forward_and_gradients_equal_float64_reference(name, layer_idx):
+    _, module = layer_pair(name, layer_idx)
+    x = random_input(module).requires_grad_(True)
+    grad_out = torch.randn(B, T, module.hidden_size, dtype=torch.float64)
+    out = module(x)
+    (out * grad_out).sum().backward()
+    state = {pname: param.detach().clone().requires_grad_(True) for pname, param in module.named_parameters()}
+    x_ref = x.detach().clone().requires_grad_(True)
+    expected, _ = reference_model_attention(x_ref, state, **reference_kwargs(module))
+    (expected * grad_out).sum().backward()
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=0, atol=1e-11)
+    for pname, param in module.named_parameters():
+        torch.testing.assert_close(param.grad, state[pname].grad, rtol=1e-10, atol=1e-10, msg=pname)
+
+
+@pytest.mark.parametrize("name,layer_idx", LAYERS, ids=LAYER_IDS)
+def test_float32_layer_within_the_float32_tolerance_of_the_reference(name, layer_idx):
+    _, module = layer_pair(name, layer_idx)
+    module = module.to(torch.float32)
+    x = random_input(module, torch.float32)
+    with torch.no_grad():
+        out = module(x)
+    expected, _ = reference_model_attention(x, module.state_dict(), **reference_kwargs(module))
+    torch.testing.assert_close(out.double(), expected, **tolerance("cpu", torch.float32))
+
+
+@pytest.mark.parametrize("name,layer_idx", [case for case, _ in SLIDING], ids=[case_id for _, case_id in SLIDING])
+def test_a_sliding_layer_sees_only_its_window(name, layer_idx):
+    """The window changes the output (the sequence is longer than it), and exactly as the reference's mask says."""
+    _, module = layer_pair(name, layer_idx)
+    x = random_input(module)
+    kwargs = reference_kwargs(module)
+    with torch.no_grad():
+        out = module(x)
+    windowed, weights = reference_model_attention(x, module.state_dict(), **kwargs)
+    unwindowed, _ = reference_model_attention(x, module.state_dict(), **{**kwargs, "window": None})
+    torch.testing.assert_close(out, windowed, rtol=0, atol=1e-12)
+    assert (out - unwindowed).abs().max() > 1e-3
+    seen = (weights[0, 0] > 0).sum(dim=-1)  # keys each query attends to
+    assert seen.tolist() == [min(i + 1, module.sliding_window) for i in range(T)]
+
+
+@pytest.mark.parametrize("name,layer_idx", [case for case, _ in CHUNKED], ids=[case_id for _, case_id in CHUNKED])
+def test_a_chunked_layer_sees_only_its_chunk(name, layer_idx):
+    _, module = layer_pair(name, layer_idx)
+    x = random_input(module)
+    with torch.no_grad():
+        out = module(x)
+    chunked, weights = reference_model_attention(x, module.state_dict(), **reference_kwargs(module))
+    unchunked, _ = reference_model_attention(x, module.state_dict(), **{**reference_kwargs(module), "chunk": None})
+    torch.testing.assert_close(out, chunked, rtol=0, atol=1e-12)
+    assert (out - unchunked).abs().max() > 1e-3
+    seen = (weights[0, 0] > 0).sum(dim=-1)  # keys each query attends to
+    assert seen.tolist() == [i % module.attention_chunk_size + 1 for i in range(T)]
+
+
+SCHEDULES = {"prefill": [T], "steps": [1] * T, "prompt_then_steps": [5] + [1] * (T - 5), "chunks": [3, 4, 4]}
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("name,layer_idx", LAYERS, ids=LAYER_IDS)
+def test_cached_decoding_equals_the_full_forward(name, layer_idx, schedule):
+    _, module = layer_pair(name, layer_idx)
+    x = random_input(module)
+    cache = module.new_cache(B, capacity=16)
+    with torch.no_grad():
+        full = module(x)
+        pieces, start = [], 0
+        for length in SCHEDULES[schedule]:
+            pieces.append(module(x[:, start:start + length], cache=cache))
+            start += length
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=0, atol=1e-12)
+    assert cache.length == T
+    # A local layer's cache holds its window (or chunk), not the capacity.
+    kept = min(module.sliding_window or getattr(module, "attention_chunk_size", None) or 16, 16)
+    assert cache.nbytes == 2 * B * module.num_key_value_heads * kept * module.head_dim * 8
+
+
+@pytest.mark.parametrize("name,layer_idx", LAYERS, ids=LAYER_IDS)
+def test_a_rewound_cache_repeats_the_step(name, layer_idx):
+    _, module = layer_pair(name, layer_idx)
+    x = random_input(module)
+    cache = module.new_cache(B, capacity=16)
+    with torch.no_grad():
+        module(x[:, :T - 1], cache=cache)
+        first = module(x[:, T - 1:], cache=cache)
+        cache.rewind(T - 1)
+        again = module(x[:, T - 1:], cache=cache)
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+
+
+def test_a_sliding_layer_given_a_capacity_within_its_window_keeps_a_full_cache():
+    _, module = layer_pair("gemma2", 0)
+    cache = module.new_cache(B, capacity=3)  # window 4
+    with torch.no_grad():
+        module(random_input(module)[:, :3], cache=cache)
+        with pytest.raises(ValueError, match="capacity=3"):
+            module(random_input(module)[:, :1], cache=cache)
+
+
+# Bad input: clear errors naming what is wrong.
+
+def test_unknown_model_type_lists_the_registry():
+    with pytest.raises(KeyError, match="gemma2.*gpt_oss.*llama"):
+        MODELS["gpt2"]
+
+
+def test_a_config_missing_a_field_names_it():
+    fields = {**TINY, "model_type": "llama", "rope_theta": 10000.0}
+    del fields["hidden_size"]
+    with pytest.raises(ValueError, match="'hidden_size'"):
+        MODELS["llama"].from_config(fields, 0)
+    fields = {**TINY, "model_type": "gemma2", "rope_theta": 10000.0}
+    with pytest.raises(ValueError, match="'query_pre_attn_scalar'"):
+        MODELS["gemma2"].from_config(fields, 0)
+    with pytest.raises(ValueError, match="'rope_theta'"):
+        MODELS["qwen3"].from_config({**TINY, "model_type": "qwen3", "rms_norm_eps": 1e-6}, 0)
+
+
+def test_a_config_of_another_family_is_refused():
+    with pytest.raises(ValueError, match="model_type='gemma2'"):
+        MODELS["llama"].from_config(run_model("gemma2").config, 0)
+
+
+def test_a_layer_index_outside_the_model_is_refused():
+    with pytest.raises(ValueError, match="layer_idx"):
+        MODELS["llama"].from_config(run_model("llama").config, 2)
+
+
+def test_a_state_dict_that_does_not_fit_names_the_key_and_both_shapes():
+    _, module = layer_pair("qwen3", 0)
+    state = dict(module.state_dict())
+    state["k_norm.weight"] = torch.ones(16)
+    with pytest.raises(ValueError, match=r"k_norm.weight has shape \(16,\), the layer's is \(8,\)"):
+        module.load_state_dict(state)
+    del state["k_norm.weight"]
+    with pytest.raises(ValueError, match=r"missing keys \['k_norm.weight'\]"):
+        module.load_state_dict(state)
+
+
+def test_a_cache_from_another_layer_is_refused():
+    _, layer0 = layer_pair("gemma3_text", 0)
+    _, layer1 = layer_pair("gemma3_text", 1)  # the same kind (local) and shape: only the owner tells them apart
+    cache = layer0.new_cache(B, capacity=16)
+    with torch.no_grad(), pytest.raises(ValueError, match="layer 0"):
+        layer1(random_input(layer1)[:, :1], cache=cache)
+    foreign = KVCache(B, layer0.num_key_value_heads, layer0.head_dim, 16, dtype=torch.float64)
+    with torch.no_grad(), pytest.raises(TypeError, match="new_cache"):
+        layer0(random_input(layer0)[:, :1], cache=foreign)
+
+
+def test_bad_inputs_get_clear_errors():
+    _, module = layer_pair("llama", 0)
+    with pytest.raises(ValueError, match="hidden_size=32"):
+        module(torch.randn(B, T, 16, dtype=torch.float64))
+    with pytest.raises(TypeError, match="floating"):
+        module(torch.ones(B, T, 32, dtype=torch.long))
+    cache = module.new_cache(B, capacity=16)
+    with pytest.raises(ValueError, match="inference"):
+        module(random_input(module)[:, :1], cache=cache)  # gradients on
+
+
+# The fused path: attention/models/flex.py.
+
+# A soft-cap with and without a window (Gemma 2), sinks with a window (gpt-oss), chunks (Llama 4): each compile
+# takes seconds.
+FLEX_LAYERS = [("gemma2", 0), ("gemma2", 1), ("gpt_oss", 0), ("llama4_text", 0)]
+
+
+@pytest.mark.parametrize("name,layer_idx", FLEX_LAYERS, ids=[f"{n}-{i}" for n, i in FLEX_LAYERS])
+def test_flex_forward_equals_the_reference(name, layer_idx):
+    from attention.models.flex import flex_forward
+
+    _, module = layer_pair(name, layer_idx)
+    module = module.to(torch.float32)
+    x = random_input(module, torch.float32)
+    with torch.no_grad():
+        fused, own = flex_forward(module, x), module(x)
+    expected, _ = reference_model_attention(x, module.state_dict(), **reference_kwargs(module))
+    torch.testing.assert_close(fused.double(), expected, **tolerance("cpu", torch.float32))
+    torch.testing.assert_close(fused, own, **tolerance("cpu", torch.float32))
+
+
+def test_flex_forward_refuses_what_compiled_cpu_flex_cannot_do():
+    from attention.models.flex import flex_forward
+
+    _, module = layer_pair("gemma2", 0)
+    with pytest.raises(ValueError, match="float64"):
+        flex_forward(module, random_input(module))
+    module = module.to(torch.float32)
+    with pytest.raises(ValueError, match="gradients"):
+        flex_forward(module, random_input(module, torch.float32))
+
+
+def test_sinks_scale_the_sinkless_output_by_a_sigmoid_of_the_log_sum_exp():
+    """The identity behind a sink on any kernel that returns the log-sum-exp: out_sink = out * sigmoid(lse - sink)."""
+    from attention.reference import reference_kernel
+
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 6, 8, generator=generator, dtype=torch.float64) for _ in range(3))
+    sinks = torch.randn(4, generator=generator, dtype=torch.float64) * 3
+    mask = torch.ones(6, 6, dtype=torch.bool).tril()
+    with_sinks, _ = reference_kernel(q, k, v, mask, sinks=sinks)
+    without, _ = reference_kernel(q, k, v, mask)
+    lse = torch.logsumexp((q @ k.transpose(-1, -2) / 8**0.5).masked_fill(~mask, float("-inf")), dim=-1, keepdim=True)
+    torch.testing.assert_close(with_sinks, without * torch.sigmoid(lse - sinks.view(1, 4, 1, 1)), rtol=0, atol=1e-14)
+
+
+# The published configurations (attention/models/published.py), read as transformers reads them.
+
+HF_CLASSES = {"llama": ("llama", "Llama"), "mistral": ("mistral", "Mistral"), "qwen2": ("qwen2", "Qwen2"),
+              "qwen3": ("qwen3", "Qwen3"), "olmo2": ("olmo2", "Olmo2"), "gemma2": ("gemma2", "Gemma2"),
+              "gemma3_text": ("gemma3", "Gemma3"), "gpt_oss": ("gpt_oss", "GptOss"),
+              "llama4_text": ("llama4", "Llama4Text")}
+
+
+@pytest.mark.parametrize("model", sorted(__import__("attention.models.published", fromlist=["PUBLISHED"]).PUBLISHED))
+def test_a_published_config_builds_every_layer_as_transformers_reads_it(model):
+    """Every layer, from the published config.json's fields: the same kind, window, scale, RoPE frequencies and
+    parameter shapes as transformers' own layer and rotary embedding built from them (on the meta device)."""
+    import importlib
+
+    from attention.models.published import PUBLISHED
+
+    fields = PUBLISHED[model]["config"]
+    hf_config = transformers.AutoConfig.for_model(**fields)
+    package, prefix = HF_CLASSES[fields["model_type"]]
+    modeling = importlib.import_module(f"transformers.models.{package}.modeling_{package}")
+    rotary = getattr(modeling, f"{prefix}RotaryEmbedding")(hf_config)
+    for layer_idx in range(fields["num_hidden_layers"]):
+        with torch.device("meta"):
+            ours = MODELS[fields["model_type"]].from_config(fields, layer_idx)
+            from_hf = MODELS[fields["model_type"]].from_config(hf_config, layer_idx)
+            theirs = getattr(modeling, f"{prefix}Attention")(hf_config, layer_idx)
+        hf_types, hf_window = getattr(hf_config, "layer_types", None), getattr(hf_config, "sliding_window", None)
+        # transformers' Mistral has no layer_types: its window, where set, is on every layer.
+        expected_type = hf_types[layer_idx] if hf_types else "sliding_attention" if hf_window else "full_attention"
+        assert ours.layer_type == from_hf.layer_type == expected_type, layer_idx
+        expected_window = hf_window if expected_type == "sliding_attention" else None
+        assert ours.sliding_window == from_hf.sliding_window == expected_window, layer_idx
+        expected_chunk = hf_config.attention_chunk_size if expected_type == "chunked_attention" else None
+        assert getattr(ours, "attention_chunk_size", None) == getattr(from_hf, "attention_chunk_size", None) == expected_chunk
+        assert ours.scaling == from_hf.scaling == theirs.scaling
+        assert {n: t.shape for n, t in ours.state_dict().items()} == {n: t.shape for n, t in theirs.state_dict().items()}
+        if ours.inv_freq is None:  # Llama 4's NoPE layers
+            assert from_hf.inv_freq is None and not theirs.use_rope
+            continue
+        prefix_type = f"{ours.layer_type}_" if hasattr(rotary, f"{ours.layer_type}_inv_freq") else ""  # Gemma 3
+        inv_freq = getattr(rotary, f"{prefix_type}inv_freq")
+        torch.testing.assert_close(ours.inv_freq, from_hf.inv_freq, rtol=1e-12, atol=0)
+        torch.testing.assert_close(ours.inv_freq.float(), inv_freq, rtol=2e-6, atol=0)  # transformers: float32
+        assert ours.attention_scaling == pytest.approx(getattr(rotary, f"{prefix_type}attention_scaling"), rel=1e-6)
+
+
+def test_a_cache_of_another_shape_or_window_is_refused():
+    _, module = layer_pair("gemma2", 0)  # window 4, 2 K/V heads of 8
+    with torch.no_grad():
+        x = random_input(module)[:, :1]
+        for cache in (KVCache(B, 1, module.head_dim, 16, dtype=torch.float64),
+                      SlidingWindowKVCache(B, module.num_key_value_heads, module.head_dim, 8, dtype=torch.float64)):
+            cache.layer = ("Gemma2Attention", 0)  # as if made by this layer: the shape or the window still tells
+            with pytest.raises(ValueError, match="K/V heads|window of 8"):
+                module(x, cache=cache)
+
+
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("name,layer_idx", [("gemma2", 0), ("gpt_oss", 0), ("llama4_text", 0), ("qwen3", 1)],
+                         ids=["gemma2-0", "gpt_oss-0", "llama4_text-0", "qwen3-1"])
+def test_on_cuda_the_layer_its_cache_and_flex_equal_the_reference(name, layer_idx):
+    from attention.models.flex import flex_forward
+
+    _, module = layer_pair(name, layer_idx)
+    module = module.to("cuda", torch.float32)
+    x = random_input(module, torch.float32).cuda()
+    expected, _ = reference_model_attention(x.cpu(), {k: v.cpu() for k, v in module.state_dict().items()},
+                                            **reference_kwargs(module))
+    with torch.no_grad():
+        cache = module.new_cache(B, capacity=16)
+        steps = torch.cat([module(x[:, :5], cache=cache)] + [module(x[:, t:t + 1], cache=cache) for t in range(5, T)], 1)
+        for out in (module(x), steps, flex_forward(module, x)):
+            torch.testing.assert_close(out.double().cpu(), expected, **tolerance("cuda", torch.float32))
