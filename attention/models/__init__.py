@@ -72,3 +72,9 @@ class Registry(dict):
 
 # transformers' `model_type` -> the class that builds that model's attention layer (`from_config`).
 MODELS = Registry()
+
+from attention.models.deepseek_v3 import DeepseekV3Attention  # noqa: E402  (after the contract it keeps)
+
+# Multi-head latent attention: DeepSeek-V2's layer is DeepSeek-V3's (its rotary pairs always interleaved), and
+# Kimi K2's config.json names its own model_type for DeepSeek-V3's architecture.
+MODELS.update({"deepseek_v3": DeepseekV3Attention, "deepseek_v2": DeepseekV3Attention, "kimi_k2": DeepseekV3Attention})
