@@ -15,7 +15,7 @@ from attention.models.deepseek_v3 import (PUBLISHED_CONFIGS, DeepseekV3Attention
                                           kv_cache_bytes_per_token, latent_attention_flops,
                                           latent_cache_bytes_per_token, layer_parameters)
 from attention.reference import reference_latent_attention, rope_inverse_frequencies
-from tests.helpers import tolerance
+from helpers import requires_cuda, tolerance
 
 F64 = dict(atol=1e-12, rtol=1e-12)  # float64 against float64: only the order of the sums differs
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
@@ -162,16 +162,6 @@ def test_matches_reference_forward_and_gradients(name, path):
     torch.testing.assert_close(x_module.grad, x_reference.grad, **F64)
     for key, param in module.named_parameters():
         torch.testing.assert_close(param.grad, state[key].grad, **F64, msg=lambda text: f"{key}: {text}")
-
-
-@pytest.mark.parametrize("path", ["absorbed", "naive"])
-def test_float32_matches_reference(path):
-    module = build("v3-yarn", path, seed=8)
-    x = torch.randn(3, 13, SIZES["hidden_size"], generator=torch.Generator().manual_seed(9))
-    expected = reference("v3-yarn", x.to(torch.float64), module.state_dict())
-    with torch.no_grad():
-        out = module.to(torch.float32)(x)
-    torch.testing.assert_close(out.to(torch.float64), expected, **tolerance("cpu", torch.float32))
 
 
 def test_reference_is_the_paper_per_head():
@@ -379,3 +369,26 @@ def test_decode_step_bytes():
     assert decode_step_bytes(config, 50, 4, torch.bfloat16, "absorbed") == weights + cache.nbytes
     expanded = 4 * 50 * 4 * (8 + 8 + 12) * 2  # batch x context x H x (Dn + Dr + Dv) x 2 bytes, written then read
     assert decode_step_bytes(config, 50, 4, torch.bfloat16, "naive") == weights + cache.nbytes + 2 * expanded
+
+
+# ---- float32 and bfloat16, CPU and CUDA (CUDA skipped without an NVIDIA GPU) ----
+
+CUDA = pytest.param("cuda", marks=[pytest.mark.cuda, requires_cuda])
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("path", ["absorbed", "naive"])
+def test_low_precision_forward_and_decoding_match_reference(path, dtype, device):
+    module = build("v3-yarn", path, seed=20)
+    x = torch.randn(2, 17, SIZES["hidden_size"], dtype=torch.float64, generator=torch.Generator().manual_seed(21))
+    expected = reference("v3-yarn", x, module.state_dict())
+    module = module.to(device=device, dtype=dtype)
+    x_run = x.to(device=device, dtype=dtype)
+    cache = module.new_cache(2, 32)
+    with torch.no_grad():
+        full = module(x_run)
+        decoded = torch.cat([module(x_run[:, :9], cache=cache)] + [module(x_run[:, t:t + 1], cache=cache)
+                                                                   for t in range(9, 17)], dim=1)
+    for out in (full, decoded):
+        torch.testing.assert_close(out.double().cpu(), expected, **tolerance(device, dtype))
