@@ -47,8 +47,8 @@ def randomized(module, seed):
             noise = torch.randn(param.shape, generator=generator, dtype=torch.float64)
             if "norm" in name:
                 param.copy_(1 + 0.2 * noise)
-            elif name.endswith("bias") or param.dim() == 1:
-                param.copy_(0.1 * noise if name.endswith("bias") else noise)
+            elif name.endswith("bias"):
+                param.copy_(0.1 * noise)
             else:
                 param.copy_(noise / math.sqrt(param.shape[-1]))
     return module

@@ -297,8 +297,9 @@ def softmax_scale(qk_head_dim, rope_scaling):
     """`1 / sqrt(qk_head_dim)`, times `mscale²` where the config's YaRN scaling has `mscale_all_dim`.
 
     YaRN (https://arxiv.org/abs/2309.00071) sharpens attention at extended contexts by `0.1 ln(factor) + 1`;
-    DeepSeek's code scales every score by the square of it, at `mscale_all_dim`, and the rotary part by
-    `mscale / mscale_all_dim` through the rotary embedding's attention factor (both equal 1 in DeepSeek-V3).
+    DeepSeek's code scales every score by the square of it at `mscale_all_dim`, and multiplies the
+    rotary parts of queries and keys by the rotary embedding's attention factor, `mscale / mscale_all_dim`
+    (1 in the published configurations, whose two are equal).
     """
     scale = qk_head_dim ** -0.5
     if not rope_scaling or rope_scaling.get("rope_type", rope_scaling.get("type", "default")) == "default":
