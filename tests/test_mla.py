@@ -54,13 +54,13 @@ def randomized(module, seed):
     return module
 
 
-def reference(name, x, state):
+def reference(name, x, state, **past):
     """`reference_latent_attention` of `x` with the sizes of `CONFIGS[name]` and the weights `state`."""
     config = plain_config(name)
     rope = config["rope_parameters"]
     return reference_latent_attention(x, state, config["num_attention_heads"], config["qk_nope_head_dim"],
                                       config["qk_rope_head_dim"], config["v_head_dim"], rope["rope_theta"], rope,
-                                      config.get("rope_interleave", True))[0]
+                                      config.get("rope_interleave", True), **past)[0]
 
 
 def build(name, path, seed=0):
@@ -219,6 +219,38 @@ def test_decoding_every_step_equals_full_forward_and_paths_agree(name):
             torch.testing.assert_close(outs["absorbed"], outs["naive"], **F64)
             torch.testing.assert_close(outs["absorbed"], full[:, start:end], **F64)
             assert all(cache.length == end for cache in caches.values())
+
+
+@pytest.mark.parametrize("path", ["absorbed", "naive"])
+def test_a_call_over_any_cache_contents_matches_the_reference(path):
+    """A decode step or chunk over what the cache holds, against the reference given those contents as its past:
+    a cache filled by the module's own prefill, and one filled with random latents (as a benchmark fills it)."""
+    module = build("v2-lite-yarn", path, seed=22)
+    generator = torch.Generator().manual_seed(23)
+    x = torch.randn(2, 30, SIZES["hidden_size"], dtype=torch.float64, generator=generator)
+    own, random = module.new_cache(2, 40), module.new_cache(2, 40)
+    random.update(torch.randn(2, 1, 30, 16, dtype=torch.float64, generator=generator),
+                  torch.randn(2, 1, 30, 8, dtype=torch.float64, generator=generator))
+    with torch.no_grad():
+        module(x[:, :27], cache=own)
+        for cache, length in ((own, 27), (random, 30)):
+            for new in (1, 3):
+                cache.rewind(length)
+                x_new = torch.randn(2, new, SIZES["hidden_size"], dtype=torch.float64, generator=generator)
+                past = dict(past_latent=cache.latent[:, 0, :length], past_rope_keys=cache.rope_keys[:, 0, :length])
+                torch.testing.assert_close(module(x_new, cache=cache), reference("v2-lite-yarn", x_new,
+                                                                                module.state_dict(), **past), **F64)
+
+
+def test_reference_with_a_past_continues_the_full_sequence():
+    module = build("v3-yarn", "naive", seed=24)
+    x = torch.randn(2, 14, SIZES["hidden_size"], dtype=torch.float64, generator=torch.Generator().manual_seed(25))
+    cache = module.new_cache(2, 14)
+    with torch.no_grad():
+        module(x[:, :9], cache=cache)
+    past = dict(past_latent=cache.latent[:, 0, :9], past_rope_keys=cache.rope_keys[:, 0, :9])
+    torch.testing.assert_close(reference("v3-yarn", x[:, 9:], module.state_dict(), **past),
+                               reference("v3-yarn", x, module.state_dict())[:, 9:], **F64)
 
 
 def test_latent_cache_holds_only_the_latent_and_rope_key():
