@@ -230,16 +230,16 @@ show_markdown(f"Here {B} x {cache.capacity} x ({Dc} + {Dr}) x 8 = {cache.nbytes:
 # %% tags=["hide-input"]
 fields = ("hidden_size", "num_hidden_layers", "num_attention_heads", "q_lora_rank", "kv_lora_rank",
           "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-show_table("Published configurations (attention fields)", ["model"] + [f"`{f}`" for f in fields],
+show_table("Published configurations (attention fields)", ["model"] + [f.replace("_", " ") for f in fields],
            [(f"[{name}]({c['source']})", *(c[f] for f in fields)) for name, c in PUBLISHED_CONFIGS.items()])
 
 # %% [markdown]
 # What would the same heads cache without the latent? The paper's Table 1 compares MLA with
 # multi-head, grouped-query and multi-query attention of the same query heads, keys and values of
-# the per-head width `d_h` (`v_head_dim`, 128 in all three): `2 n_h d_h` numbers per token and layer
-# for MHA, `2 n_g d_h` for GQA with `n_g` groups (8 here), `2 d_h` for MQA, against `Dc + Dr` for MLA.
-# Bytes in bfloat16, the checkpoints' dtype, each count checked against a cache allocated at batch 2
-# and 3 positions (`LatentCache`, and `attention.causal.gqa.KVCache` for the others):
+# the per-head width `d_h` (here `v_head_dim`): `2 n_h d_h` numbers per token and layer for MHA,
+# `2 n_g d_h` for GQA with `n_g` groups (8 here), `2 d_h` for MQA, against `Dc + Dr` for MLA. Bytes in
+# bfloat16 (2 per number), each count checked against a cache allocated at batch 2 and 3 positions
+# (`LatentCache`, and `attention.causal.gqa.KVCache` for the others):
 
 # %%
 dtype, element_size = torch.bfloat16, 2
@@ -421,7 +421,7 @@ show_markdown(
 # <!-- MLA decode rows: filled from the benchmark's decode sweep once a recorded run holds them. -->
 #
 # **Not measured yet.** The benchmark's decode sweep is being rebuilt; MLA's naive and absorbed
-# steps will be added to it beside MHA, GQA and MQA (contexts 1k to 32k, batch 1 and 8, tokens per
-# second and the share of the read bandwidth measured in the same run), with the prefill time of
+# steps will join it beside MHA, GQA and MQA, at the sweep's contexts and batch sizes (tokens per
+# second, and the share of the read bandwidth measured in the same run), with the prefill time of
 # both paths. This section will show that recorded run, with what it was measured on. Until then,
 # this page quotes no timing.
