@@ -430,3 +430,80 @@ def reference_model_attention(x, state, *, head_dim, scale, rope=None, interleav
     context, weights = reference_kernel(q, k, v, mask, scale=scale, softcap=softcap, sinks=f64.get("sinks"))
     context = context.transpose(1, 2).reshape(B, T, -1)  # (B, T, H * D)
     return project(context, "o_proj"), weights
+
+
+# ---------------------------------------------------------------------------------------------------
+# Multi-head latent attention
+# ---------------------------------------------------------------------------------------------------
+
+
+def reference_latent_attention(x, state, num_heads, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, rope_theta=10000.0,
+                               rope_scaling=None, rope_interleave=True, norm_eps=1e-6, past_latent=None,
+                               past_rope_keys=None):
+    """Causal multi-head latent attention of `x` `(B, T, C)` in float64, from the equations of DeepSeek-V2
+    (https://arxiv.org/abs/2405.04434, section 2.1, equations 9-19).
+
+    `state` holds transformers' parameters (`attention.models.deepseek_v3.DeepseekV3Attention`'s):
+    `q_proj.weight`, or `q_a_proj.*`, `q_a_layernorm.weight`, `q_b_proj.weight`; `kv_a_proj_with_mqa.*`,
+    `kv_a_layernorm.weight`, `kv_b_proj.weight`, `o_proj.*`. The released models add to the paper's
+    equations an RMS norm (eps `norm_eps`) on the compressed query `c^Q` and on the latent `c^KV`, and,
+    with YaRN, the score scale `mscale²` at `mscale_all_dim` and the rotary attention factor. Pairs
+    `(2i, 2i + 1)` rotate when `rope_interleave`, else `(i, i + Dr/2)`.
+
+    `past_latent` `(B, L, Dc)` and `past_rope_keys` `(B, L, Dr)` (normalised latents and rotated keys, as a
+    `LatentCache` holds them), if given, are positions `0 .. L - 1`: `x` continues at positions
+    `L .. L + T - 1`, and its token `i` attends to positions `0 .. L + i` (one decoding call, checked
+    against what its cache holds).
+
+    Returns:
+        `(out, weights)`: `(B, T, C)` and `(B, H, T, L + T)`, both float64.
+    """
+    f64 = {name: tensor.to(torch.float64) for name, tensor in state.items()}
+    x = x.to(torch.float64)
+    B, T, _ = x.shape
+    H, Dn, Dr, Dv = num_heads, qk_nope_head_dim, qk_rope_head_dim, v_head_dim
+    Dc = f64["kv_a_layernorm.weight"].shape[0]
+    L = 0 if past_latent is None else past_latent.shape[1]
+
+    def linear(inputs, name):
+        y = inputs @ f64[f"{name}.weight"].T
+        return y + f64[f"{name}.bias"] if f"{name}.bias" in f64 else y
+
+    def rms_norm(inputs, name):
+        return inputs / torch.sqrt(inputs.pow(2).mean(-1, keepdim=True) + norm_eps) * f64[f"{name}.weight"]
+
+    # Queries, eqs. 12-14: c^Q = W^DQ h (normalised), then q^C = W^UQ c^Q and q^R = W^QR c^Q, one matrix for
+    # both, head by head. DeepSeek-V2-Lite projects the queries from h directly (q_proj).
+    if "q_proj.weight" in f64:
+        queries = linear(x, "q_proj")
+    else:
+        queries = linear(rms_norm(linear(x, "q_a_proj"), "q_a_layernorm"), "q_b_proj")
+    queries = queries.reshape(B, T, H, Dn + Dr).permute(0, 2, 1, 3)  # (B, H, T, Dn + Dr)
+    q_content, q_rope = queries[..., :Dn], queries[..., Dn:]
+    # Keys and values, eqs. 9-11 and 15: c^KV = W^DKV h (normalised) and k^R = W^KR h, one matrix for both;
+    # k^C = W^UK c^KV and v^C = W^UV c^KV, one matrix for both, head by head.
+    compressed = linear(x, "kv_a_proj_with_mqa")  # (B, T, Dc + Dr)
+    latent = rms_norm(compressed[..., :Dc], "kv_a_layernorm")  # (B, T, Dc): c^KV
+    k_rope = compressed[..., Dc:].unsqueeze(1)  # (B, 1, T, Dr): one rotary key for all heads
+    inverse_frequencies, attention_factor = rope_inverse_frequencies(Dr, rope_theta, rope_scaling)
+    positions = torch.arange(L, L + T)
+    q_rope = apply_rotary(q_rope, positions, inverse_frequencies, attention_factor, rope_interleave)  # RoPE, eq. 14
+    k_rope = apply_rotary(k_rope, positions, inverse_frequencies, attention_factor, rope_interleave)  # RoPE, eq. 15
+    if past_latent is not None:  # the cached positions first
+        latent = torch.cat([past_latent.to(torch.float64), latent], dim=1)  # (B, L + T, Dc)
+        k_rope = torch.cat([past_rope_keys.to(torch.float64).unsqueeze(1), k_rope], dim=2)  # (B, 1, L + T, Dr)
+    S = L + T
+    up = (latent @ f64["kv_b_proj.weight"].T).reshape(B, S, H, Dn + Dv).permute(0, 2, 1, 3)  # (B, H, S, Dn + Dv)
+    k_content, v_content = up[..., :Dn], up[..., Dn:]
+    # Eqs. 16-17: q_{t,i} = [q^C_{t,i}; q^R_{t,i}], k_{t,i} = [k^C_{t,i}; k^R_t].
+    q = torch.cat([q_content, q_rope], dim=-1)  # (B, H, T, Dn + Dr)
+    k = torch.cat([k_content, k_rope.expand(B, H, S, Dr)], dim=-1)  # (B, H, S, Dn + Dr)
+    # Eq. 18: softmax(q k / sqrt(Dn + Dr)) v^C over the positions j <= t, with YaRN's mscale² where configured.
+    scale = 1 / math.sqrt(Dn + Dr)
+    kind = "default" if not rope_scaling else rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+    if kind != "default" and rope_scaling.get("mscale_all_dim") and rope_scaling["factor"] > 1:
+        scale *= (0.1 * rope_scaling["mscale_all_dim"] * math.log(rope_scaling["factor"]) + 1) ** 2
+    causal_mask = positions[:, None] >= torch.arange(S)[None, :]  # (T, S), True = attend
+    context, weights = reference_kernel(q, k, v_content, mask=causal_mask, scale=scale)  # (B, H, T, Dv)
+    context = context.permute(0, 2, 1, 3).reshape(B, T, H * Dv)  # eq. 19: [o_1; ...; o_H]
+    return linear(context, "o_proj"), weights

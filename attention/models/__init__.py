@@ -71,6 +71,7 @@ class Registry(dict):
 
 
 # The families import nothing from this file (each is copyable alone), so importing them here is no cycle.
+from attention.models.deepseek_v3 import DeepseekV3Attention  # noqa: E402
 from attention.models.gemma2 import Gemma2Attention  # noqa: E402
 from attention.models.gemma3 import Gemma3Attention  # noqa: E402
 from attention.models.gpt_oss import GptOssAttention  # noqa: E402
@@ -91,4 +92,9 @@ MODELS = Registry({
     "gemma3_text": Gemma3Attention,
     "gpt_oss": GptOssAttention,
     "llama4_text": Llama4TextAttention,
+    # Multi-head latent attention: DeepSeek-V2's layer is DeepSeek-V3's (its rotary pairs always interleaved), and
+    # Kimi K2's config.json names its own model_type for DeepSeek-V3's architecture.
+    "deepseek_v3": DeepseekV3Attention,
+    "deepseek_v2": DeepseekV3Attention,
+    "kimi_k2": DeepseekV3Attention,
 })

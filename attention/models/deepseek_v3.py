@@ -1,0 +1,524 @@
+"""Multi-head latent attention (MLA) of DeepSeek-V2, DeepSeek-V3 and Kimi K2: the compressed cache and the absorbed decode.
+
+MLA (DeepSeek-AI, 2024, https://arxiv.org/abs/2405.04434, section 2.1) caches per token and layer one
+latent vector `c^KV` (`kv_lora_rank` features) and one rotary key `k^R` (`qk_rope_head_dim` features),
+both shared by every head, instead of each head's key and value. The keys' content part and the values
+come from the latent through an up-projection (`kv_b_proj`, the paper's `W^UK` and `W^UV`); position
+enters through `k^R`, a rotary key shared by all heads and concatenated to each head's content key
+("decoupled RoPE": rotating the content keys would tie `W^UK` to each position).
+
+Two ways to attend over that cache, chosen once (`path`):
+
+* `"naive"`: expand every cached latent to per-head keys and values with `kv_b_proj`, then attend, as
+  transformers' `DeepseekV3Attention` does (it caches the latent and expands it at every call).
+* `"absorbed"`: fold the key up-projection into the query (`q_h W^UK_h`, one `kv_lora_rank`-wide query
+  per head) and the value up-projection into the output (attend over the latent, then `W^UV_h`):
+  attention runs over the cache itself, one key/value "head" shared by all query heads, as the paper's
+  section 2.1.2 describes for inference and DeepSeek's inference code does (`attn_impl="absorb"`).
+
+Both compute the same function; the tests check them against each other, against transformers' layer
+and against `attention.reference.reference_latent_attention`, at every decoding step.
+
+The same class serves DeepSeek-V2 (transformers' `DeepseekV2Attention`): the layers have the same
+parameters and arithmetic; DeepSeek-V2's rotary embedding always pairs adjacent features, and its
+config has no `rope_interleave` field, whose absence this class reads as interleaved.
+
+The end of the file counts what either path costs from a configuration (cache bytes, parameters,
+FLOPs, bytes a decode step moves) and holds the published configurations of DeepSeek-V2-Lite,
+DeepSeek-V3 and Kimi K2.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PATHS = ("absorbed", "naive")
+# DeepSeek's code builds q_a_layernorm and kv_a_layernorm with RMSNorm's default eps, not the config's
+# rms_norm_eps (which only the decoder layer's norms read); transformers does the same.
+LATENT_NORM_EPS = 1e-6
+REQUIRED = object()  # `config_value`'s default: the field must be present
+
+
+class DeepseekV3Attention(nn.Module):
+    """Multi-head latent attention, causal: `(B, T, hidden_size) -> (B, T, hidden_size)`.
+
+    The model families' contract (`attention.models.ModelAttention`): `from_config`, transformers'
+    parameter names (`q_a_proj`, `q_a_layernorm`, `q_b_proj`, or `q_proj` where `q_lora_rank` is None;
+    `kv_a_proj_with_mqa`, `kv_a_layernorm`, `kv_b_proj`, `o_proj`), decoding with `new_cache`.
+
+    Args:
+        hidden_size: C, the model's width.
+        num_heads: H query heads. MLA has no K/V heads: every head reads the same latent.
+        q_lora_rank: width of the compressed query `c^Q`, or None for queries projected directly
+            (`q_proj`, DeepSeek-V2-Lite).
+        kv_lora_rank: Dc, width of the latent `c^KV` the cache keeps.
+        qk_nope_head_dim: Dn, each head's content part of queries and keys (no rotary embedding).
+        qk_rope_head_dim: Dr, the rotary part: per head for queries, one for all heads for keys.
+        v_head_dim: Dv, each head's value width.
+        rope_theta: the rotary base.
+        rope_scaling: the config's `rope_parameters` / `rope_scaling` (YaRN for all published MLA
+            models), or None.
+        rope_interleave: rotary pairs `(2i, 2i + 1)` (True, DeepSeek's layout) or `(i, i + Dr/2)`.
+        attention_bias: biases on `q_a_proj`, `kv_a_proj_with_mqa` and `o_proj`, as transformers has them.
+        path: `"absorbed"` or `"naive"` (see the module docstring): how attention runs, with or
+            without a cache. Training (gradients) works on both; a cache is for inference.
+    """
+
+    layer_type = "full_attention"
+
+    def __init__(self, hidden_size, num_heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
+                 v_head_dim, *, rope_theta=10000.0, rope_scaling=None, rope_interleave=True, attention_bias=False,
+                 path="absorbed"):
+        super().__init__()
+        sizes = {"hidden_size": hidden_size, "num_heads": num_heads, "kv_lora_rank": kv_lora_rank,
+                 "qk_nope_head_dim": qk_nope_head_dim, "qk_rope_head_dim": qk_rope_head_dim, "v_head_dim": v_head_dim}
+        if q_lora_rank is not None:
+            sizes["q_lora_rank"] = q_lora_rank
+        for name, value in sizes.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {name}={value!r}")
+        if qk_rope_head_dim % 2:
+            raise ValueError(f"qk_rope_head_dim must be even (rotary pairs), got qk_rope_head_dim={qk_rope_head_dim}")
+        if path not in PATHS:
+            raise ValueError(f"path must be one of {PATHS}, got path={path!r}")
+        self.hidden_size, self.num_heads, self.q_lora_rank, self.kv_lora_rank = hidden_size, num_heads, q_lora_rank, kv_lora_rank
+        self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim = qk_nope_head_dim, qk_rope_head_dim, v_head_dim
+        self.rope_interleave, self.path = bool(rope_interleave), path
+        qk_head_dim = qk_nope_head_dim + qk_rope_head_dim
+        if q_lora_rank is None:
+            self.q_proj = nn.Linear(hidden_size, num_heads * qk_head_dim, bias=False)
+        else:  # queries through a low-rank bottleneck too (paper eqs. 12-13): W^DQ, its norm, then W^UQ and W^QR in one
+            self.q_a_proj = nn.Linear(hidden_size, q_lora_rank, bias=attention_bias)
+            self.q_a_layernorm = RMSNorm(q_lora_rank)
+            self.q_b_proj = nn.Linear(q_lora_rank, num_heads * qk_head_dim, bias=False)
+        # W^DKV and W^KR in one (eqs. 9 and 15): the latent and the shared rotary key, what the cache keeps
+        self.kv_a_proj_with_mqa = nn.Linear(hidden_size, kv_lora_rank + qk_rope_head_dim, bias=attention_bias)
+        self.kv_a_layernorm = RMSNorm(kv_lora_rank)
+        # W^UK and W^UV (eqs. 10-11), head by head: rows h*(Dn+Dv) .. h*(Dn+Dv)+Dn-1 are head h's key part
+        self.kv_b_proj = nn.Linear(kv_lora_rank, num_heads * (qk_nope_head_dim + v_head_dim), bias=False)
+        self.o_proj = nn.Linear(num_heads * v_head_dim, hidden_size, bias=attention_bias)
+        # Float64 on the CPU and not a buffer: `module.to(torch.float32)` would round the frequencies.
+        self.inverse_frequencies, self.rope_attention_factor = rope_inverse_frequencies(qk_rope_head_dim, rope_theta,
+                                                                                        rope_scaling)
+        self.scaling = softmax_scale(qk_head_dim, rope_scaling)
+
+    @classmethod
+    def from_config(cls, config, layer_idx=0, *, path="absorbed"):
+        """The attention of layer `layer_idx` of a DeepSeek-V2/V3 (or Kimi K2) configuration.
+
+        `config`: transformers' config object or a mapping with its field names (a published
+        `config.json`, which has `rope_theta` and `rope_scaling` where transformers 5 has
+        `rope_parameters`). Every layer of these models has the same attention.
+        """
+        if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or layer_idx < 0:
+            raise ValueError(f"layer_idx must be a non-negative int, got layer_idx={layer_idx!r}")
+        num_layers = config_value(config, "num_hidden_layers", None)
+        if num_layers is not None and layer_idx >= num_layers:
+            raise ValueError(f"layer_idx must be below num_hidden_layers={num_layers}, got layer_idx={layer_idx}")
+        rope_parameters = config_value(config, "rope_parameters", None)
+        if rope_parameters is None:  # a config.json as published
+            rope_theta, rope_scaling = config_value(config, "rope_theta"), config_value(config, "rope_scaling", None)
+        else:
+            rope_theta, rope_scaling = rope_parameters["rope_theta"], rope_parameters
+        return cls(config_value(config, "hidden_size"), config_value(config, "num_attention_heads"),
+                   config_value(config, "q_lora_rank"), config_value(config, "kv_lora_rank"),
+                   config_value(config, "qk_nope_head_dim"), config_value(config, "qk_rope_head_dim"),
+                   config_value(config, "v_head_dim"), rope_theta=rope_theta, rope_scaling=rope_scaling,
+                   rope_interleave=config_value(config, "rope_interleave", True),
+                   attention_bias=config_value(config, "attention_bias", False), path=path)
+
+    def forward(self, x, cache=None):
+        """`x` `(B, T, hidden_size)` -> `(B, T, hidden_size)`; with `cache`, `x` continues the cached sequence."""
+        check_input(x, self.hidden_size)
+        B, T, C = x.shape
+        H, Dn, Dr, Dc = self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim, self.kv_lora_rank
+        start = 0 if cache is None else cache.length
+        if self.q_lora_rank is None:
+            q = self.q_proj(x)  # (B, T, H*(Dn+Dr))
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))  # (B, T, q_lora_rank) -> (B, T, H*(Dn+Dr))
+        q = q.view(B, T, H, Dn + Dr).transpose(1, 2)  # (B, H, T, Dn+Dr)
+        q_nope, q_rope = q.split([Dn, Dr], dim=-1)  # (B, H, T, Dn), (B, H, T, Dr)
+        latent, k_rope = self.kv_a_proj_with_mqa(x).split([Dc, Dr], dim=-1)  # (B, T, Dc), (B, T, Dr)
+        latent = self.kv_a_layernorm(latent).unsqueeze(1)  # (B, 1, T, Dc): one "head", read by every query head
+        k_rope = k_rope.unsqueeze(1)  # (B, 1, T, Dr)
+        cos, sin = self.rotary_angles(start, T, x)  # (T, Dr/2) each
+        q_rope = rotate(q_rope, cos, sin, self.rope_interleave)  # (B, H, T, Dr)
+        k_rope = rotate(k_rope, cos, sin, self.rope_interleave)  # (B, 1, T, Dr): rotated once, cached rotated
+        if cache is None:
+            positions = torch.arange(T, device=x.device)
+            mask = positions[:, None] >= positions[None, :]  # (T, T): causal, True = attend
+        else:
+            check_cache(cache, self, x)
+            latent, k_rope, mask = cache.update(latent, k_rope)  # (B, 1, S, Dc), (B, 1, S, Dr), (T, S) or None
+        attend = self.attend_naive if self.path == "naive" else self.attend_absorbed
+        context = attend(q_nope, q_rope, latent, k_rope, mask)  # (B, H, T, Dv)
+        context = context.transpose(1, 2).reshape(B, T, H * self.v_head_dim)  # (B, T, H*Dv)
+        return self.o_proj(context)  # (B, T, C)
+
+    def attend_naive(self, q_nope, q_rope, latent, k_rope, mask):
+        """Expand the latent of every position to each head's key and value, then attend: `(B, H, T, Dv)`."""
+        B, H, T, _ = q_nope.shape
+        S, Dn, Dr, Dv = latent.shape[2], self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim
+        kv = self.kv_b_proj(latent).view(B, S, H, Dn + Dv).transpose(1, 2)  # (B, 1, S, Dc) -> (B, H, S, Dn+Dv)
+        k_nope, v = kv.split([Dn, Dv], dim=-1)  # (B, H, S, Dn), (B, H, S, Dv)
+        k = torch.cat([k_nope, k_rope.expand(B, H, S, Dr)], dim=-1)  # (B, H, S, Dn+Dr): the rotary key shared by all heads
+        q = torch.cat([q_nope, q_rope], dim=-1)  # (B, H, T, Dn+Dr)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)  # (B, H, T, Dv)
+
+    def attend_absorbed(self, q_nope, q_rope, latent, k_rope, mask):
+        """Attend over the latent itself, the up-projections folded into the query and the output: `(B, H, T, Dv)`.
+
+        `q_h · (W^UK_h c) = (q_h W^UK_h) · c` and `Σ_j p_j W^UV_h c_j = W^UV_h Σ_j p_j c_j`: every head
+        reads the same cached `c` and `k^R`, so the heads fold into the query rows of one matmul
+        (multi-query attention with keys `Dc + Dr` wide and values `Dc` wide).
+        """
+        B, H, T, _ = q_nope.shape
+        S, Dn, Dr, Dv, Dc = latent.shape[2], self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim, self.kv_lora_rank
+        w_kv = self.kv_b_proj.weight.view(H, Dn + Dv, Dc)  # (H*(Dn+Dv), Dc) -> (H, Dn+Dv, Dc)
+        w_uk, w_uv = w_kv[:, :Dn], w_kv[:, Dn:]  # (H, Dn, Dc), (H, Dv, Dc)
+        q_latent = torch.einsum("bhtn,hnc->bhtc", q_nope, w_uk)  # (B, H, T, Dc): the key up-projection folded into the query
+        scores = (torch.matmul(q_latent.reshape(B, H * T, Dc), latent[:, 0].transpose(1, 2))  # (B, H*T, Dc) @ (B, Dc, S) -> (B, H*T, S)
+                  + torch.matmul(q_rope.reshape(B, H * T, Dr), k_rope[:, 0].transpose(1, 2)))  # (B, H*T, Dr) @ (B, Dr, S) -> (B, H*T, S)
+        scores = scores.view(B, H, T, S) * self.scaling  # (B, H, T, S)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))  # (T, S) broadcast over B, H
+        # Low-precision scores are normalised in float32 (as SDPA does); float64 stays float64.
+        attn_weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+        attn_weights = attn_weights.to(scores.dtype)  # (B, H, T, S)
+        context_latent = torch.matmul(attn_weights.view(B, H * T, S), latent[:, 0])  # (B, H*T, S) @ (B, S, Dc) -> (B, H*T, Dc)
+        context_latent = context_latent.view(B, H, T, Dc)  # (B, H, T, Dc)
+        return torch.einsum("bhtc,hvc->bhtv", context_latent, w_uv)  # (B, H, T, Dv): the value up-projection, after attention
+
+    def rotary_angles(self, start, length, x):
+        """`(cos, sin)` `(length, Dr/2)` of positions `start .. start + length - 1`, times the attention factor, in `x`'s dtype.
+
+        Computed in float64 on the CPU (a position times a frequency loses digits in float32 at long
+        contexts), then moved.
+        """
+        positions = torch.arange(start, start + length, dtype=torch.float64)  # (T,)
+        angles = positions[:, None] * self.inverse_frequencies[None, :]  # (T, Dr/2)
+        cos, sin = torch.cos(angles) * self.rope_attention_factor, torch.sin(angles) * self.rope_attention_factor
+        return cos.to(device=x.device, dtype=x.dtype), sin.to(device=x.device, dtype=x.dtype)
+
+    def new_cache(self, batch_size, capacity):
+        """An empty `LatentCache` for `batch_size` sequences of up to `capacity` positions, on the module's device and dtype."""
+        weight = self.kv_b_proj.weight
+        return LatentCache(batch_size, self.kv_lora_rank, self.qk_rope_head_dim, capacity, dtype=weight.dtype,
+                           device=weight.device)
+
+
+class LatentCache:
+    """What MLA caches: the normalised latent `c^KV` and the rotated key `k^R` of every position so far.
+
+    Preallocated `(B, 1, capacity, kv_lora_rank)` and `(B, 1, capacity, qk_rope_head_dim)` tensors (one
+    "head": every query head reads them), so a position takes `kv_lora_rank + qk_rope_head_dim`
+    values per sequence and layer. Keeps the `attention.causal.DecodingCache` contract: a chunk of `T`
+    tokens after `length` cached ones sits at positions `length .. length + T - 1`, and its query `i`
+    attends to positions `0 .. length + i` (the causal mask aligned to the lower right).
+    """
+
+    def __init__(self, batch_size, kv_lora_rank, qk_rope_head_dim, capacity, dtype=torch.float32, device=None):
+        sizes = {"batch_size": batch_size, "kv_lora_rank": kv_lora_rank, "qk_rope_head_dim": qk_rope_head_dim,
+                 "capacity": capacity}
+        for name, value in sizes.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {name}={value!r}")
+        self.capacity, self.length = capacity, 0
+        self.latent = torch.zeros(batch_size, 1, capacity, kv_lora_rank, dtype=dtype, device=device)
+        self.rope_keys = torch.zeros(batch_size, 1, capacity, qk_rope_head_dim, dtype=dtype, device=device)
+
+    @property
+    def nbytes(self):
+        """Bytes the cache holds: `batch_size * capacity * (kv_lora_rank + qk_rope_head_dim) * element size`."""
+        return self.latent.nbytes + self.rope_keys.nbytes
+
+    def update(self, latent, rope_keys):
+        """Append `latent` `(B, 1, T, kv_lora_rank)` and `rope_keys` `(B, 1, T, qk_rope_head_dim)`.
+
+        Returns `(latent, rope_keys, mask)` over positions `0 .. length + T - 1`: `(B, 1, S, ...)` views
+        and a boolean `(T, S)` mask, True = attend, or `None` for one query (it attends to every position).
+        Past capacity: `ValueError`, and the cache is left unchanged.
+        """
+        T, start = latent.shape[2], self.length
+        if start + T > self.capacity:
+            raise ValueError(f"latent cache is full: {start} cached + {T} new positions exceed capacity={self.capacity}")
+        self.latent[:, :, start:start + T] = latent
+        self.rope_keys[:, :, start:start + T] = rope_keys
+        self.length = start + T
+        cached = self.latent[:, :, :self.length], self.rope_keys[:, :, :self.length]  # (B, 1, S, Dc), (B, 1, S, Dr)
+        if T == 1:
+            return (*cached, None)
+        query_pos = torch.arange(start, start + T, device=latent.device)  # (T,)
+        key_pos = torch.arange(self.length, device=latent.device)  # (S,)
+        return (*cached, query_pos[:, None] >= key_pos[None, :])  # (T, S): lower-right causal
+
+    # Same as attention/causal/gqa.py::KVCache.rewind
+    def rewind(self, length):
+        """Forget every position from `length` on: the next chunk starts at position `length`."""
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self.length:
+            raise ValueError(f"length must be an int in [0, {self.length}] (the positions cached), got length={length!r}")
+        self.length = length
+
+
+class RMSNorm(nn.Module):
+    """`weight * x / sqrt(mean(x²) + eps)` over the last dimension, computed in float32 or wider."""
+
+    def __init__(self, size, eps=LATENT_NORM_EPS):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x):
+        wide = x.to(torch.promote_types(x.dtype, torch.float32))  # bfloat16 -> float32; float64 stays float64
+        normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+def rotate(x, cos, sin, interleaved):
+    """Rotary embedding of `x` `(B, heads, T, Dr)` by the angles whose `cos`, `sin` are `(T, Dr/2)`.
+
+    Pairs `(2i, 2i + 1)` when `interleaved` (DeepSeek's layout), else `(i, i + Dr/2)`. Queries and keys
+    rotate alike, so either layout gives the same scores for the same weights' pair order.
+    """
+    if interleaved:
+        first, second = x[..., 0::2], x[..., 1::2]  # (B, heads, T, Dr/2) each
+    else:
+        first, second = x.chunk(2, dim=-1)
+    turned = (first * cos - second * sin, second * cos + first * sin)
+    if interleaved:
+        return torch.stack(turned, dim=-1).flatten(-2)  # (B, heads, T, Dr): each pair back in place
+    return torch.cat(turned, dim=-1)  # (B, heads, T, Dr)
+
+
+def softmax_scale(qk_head_dim, rope_scaling):
+    """`1 / sqrt(qk_head_dim)`, times `mscale²` where the config's YaRN scaling has `mscale_all_dim`.
+
+    YaRN (https://arxiv.org/abs/2309.00071) sharpens attention at extended contexts by `0.1 ln(factor) + 1`;
+    DeepSeek's code scales every score by the square of it at `mscale_all_dim`, and multiplies the
+    rotary parts of queries and keys by the rotary embedding's attention factor, `mscale / mscale_all_dim`
+    (1 in the published configurations, whose two are equal).
+    """
+    scale = qk_head_dim ** -0.5
+    if not rope_scaling or rope_scaling.get("rope_type", rope_scaling.get("type", "default")) == "default":
+        return scale
+    mscale_all_dim, factor = rope_scaling.get("mscale_all_dim"), rope_scaling["factor"]
+    if mscale_all_dim and factor > 1:
+        mscale = 0.1 * mscale_all_dim * math.log(factor) + 1.0
+        scale *= mscale * mscale
+    return scale
+
+
+def check_input(x, hidden_size):
+    """Raise a clear error unless `x` is a floating `(B, T, hidden_size)` tensor with T > 0."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor, got x.dtype={x.dtype}")
+    if x.dim() != 3 or x.shape[-1] != hidden_size or x.shape[1] == 0:
+        raise ValueError(f"x must have shape (B, T > 0, hidden_size={hidden_size}), got x.shape={tuple(x.shape)}")
+
+
+def check_cache(cache, module, x):
+    """Raise a clear error unless `cache` fits `module` and `x`, and gradients are off (a cache is for inference)."""
+    if not isinstance(cache, LatentCache):
+        raise TypeError(f"cache must come from new_cache(), got {type(cache).__name__}")
+    B, _, _, Dc = cache.latent.shape
+    if (Dc, cache.rope_keys.shape[-1]) != (module.kv_lora_rank, module.qk_rope_head_dim):
+        raise ValueError(f"cache holds latents of {Dc} and rotary keys of {cache.rope_keys.shape[-1]}, the module has "
+                         f"kv_lora_rank={module.kv_lora_rank}, qk_rope_head_dim={module.qk_rope_head_dim}")
+    if x.shape[0] != B:
+        raise ValueError(f"x has batch size {x.shape[0]}, the cache was made for batch_size={B}")
+    if cache.latent.dtype != x.dtype or cache.latent.device != x.device:
+        raise ValueError(f"cache is {cache.latent.dtype} on {cache.latent.device}, x is {x.dtype} on {x.device}")
+    if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in module.parameters())):
+        raise ValueError("a cache is for inference: call the module under torch.no_grad() or torch.inference_mode()")
+
+
+# Same as attention/models/__init__.py::config_value
+def config_value(config, name, default=REQUIRED):
+    """`config.name`, or `config[name]` for a mapping; `default` if absent, `ValueError` naming it if required."""
+    if isinstance(config, dict):
+        value = config.get(name, default)
+    else:
+        value = getattr(config, name, default)
+    if value is REQUIRED:
+        kind = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
+        raise ValueError(f"config lacks the field {name!r} (model_type={kind!r})")
+    return value
+
+
+# Same as attention/reference.py::rope_inverse_frequencies
+def rope_inverse_frequencies(rotary_dim, base, scaling=None):
+    """Rotary embeddings' angle per position for each pair of `rotary_dim` features, in float64, and the factor
+    the rotated queries and keys are multiplied by.
+
+    Pair `i` (of `rotary_dim / 2`) turns by `position * inverse_frequencies[i]`; unscaled,
+    `inverse_frequencies[i] = base ** (-2i / rotary_dim)` (Su et al., 2021, https://arxiv.org/abs/2104.09864).
+    `scaling` (a model's `rope_parameters` / `rope_scaling`, `None` or `rope_type` "default" for none) stretches
+    the slow pairs to reach longer contexts:
+
+    * `"linear"` (`factor`): every frequency divided by `factor` (position interpolation,
+      https://arxiv.org/abs/2306.15595).
+    * `"llama3"` (`factor`, `low_freq_factor`, `high_freq_factor`, `original_max_position_embeddings`):
+      Llama 3.1's rule, from Meta's reference code: pairs whose wavelength exceeds
+      `original / low_freq_factor` are divided by `factor`, those below `original / high_freq_factor` kept,
+      those between blended linearly in `original / wavelength`.
+    * `"yarn"` (`factor`, `original_max_position_embeddings`, optional `beta_fast` 32, `beta_slow` 1,
+      `mscale`, `mscale_all_dim`, `attention_factor`, `truncate` True): YaRN (Peng et al., 2023,
+      https://arxiv.org/abs/2309.00071) as its reference code computes it: pair index `d` where a pair
+      turns `beta` times over the original context is `rotary_dim * ln(original / (2 pi beta)) / (2 ln base)`;
+      pairs below the `beta_fast` index keep their frequency, pairs past the `beta_slow` index are divided by
+      `factor`, and a linear ramp in the pair index blends between (bounds floored and ceiled when
+      `truncate`). The attention factor is `0.1 * ln(factor) + 1` (or, given both `mscale` and
+      `mscale_all_dim`, the ratio of that formula at each), unless `attention_factor` is given.
+
+    Returns:
+        `(inverse_frequencies, attention_factor)`: `(rotary_dim / 2,)` float64 and a float (1.0 but for YaRN).
+    """
+    pair = torch.arange(rotary_dim // 2, dtype=torch.float64)
+    inverse_frequencies = base ** (-2 * pair / rotary_dim)
+    kind = "default" if scaling is None else scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return inverse_frequencies, 1.0
+    factor = scaling["factor"]
+    if kind == "linear":
+        return inverse_frequencies / factor, 1.0
+    if kind == "llama3":
+        original = scaling["original_max_position_embeddings"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        wavelength = 2 * math.pi / inverse_frequencies
+        blend = ((original / wavelength - low) / (high - low)).clamp(0, 1)  # 0: slow pairs, 1: fast pairs
+        scaled = (1 - blend) * inverse_frequencies / factor + blend * inverse_frequencies
+        return scaled, 1.0
+    if kind == "yarn":
+        original = scaling["original_max_position_embeddings"]
+        beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+        def pair_turning(turns):  # the (fractional) pair index that turns `turns` times over the original context
+            return rotary_dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = pair_turning(beta_fast), pair_turning(beta_slow)
+        if scaling.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, rotary_dim - 1)
+        ramp = ((pair - low) / ((high - low) or 0.001)).clamp(0, 1)  # 0: keep the frequency, 1: divide by factor
+        scaled = (1 - ramp) * inverse_frequencies + ramp * inverse_frequencies / factor
+
+        def magnitude(scale, multiplier=1.0):
+            return 1.0 if scale <= 1 else 0.1 * multiplier * math.log(scale) + 1.0
+
+        attention_factor = scaling.get("attention_factor")
+        if attention_factor is None:
+            mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+            attention_factor = (magnitude(factor, mscale) / magnitude(factor, mscale_all_dim)
+                                if mscale and mscale_all_dim else magnitude(factor))
+        return scaled, float(attention_factor)
+    raise ValueError(f"rope scaling type must be default, linear, llama3 or yarn, got {kind!r}")
+
+
+# ---- What it costs, counted from a configuration (per layer; the tests check each count against the code) ----
+
+# The published configurations, attention fields as typed from each model's config.json (no network at build).
+# The rest of each model (experts, vocabulary) does not change its attention layers.
+PUBLISHED_CONFIGS = {
+    "DeepSeek-V2-Lite": {
+        "source": "https://huggingface.co/deepseek-ai/DeepSeek-V2-Lite/blob/main/config.json",
+        "model_type": "deepseek_v2", "hidden_size": 2048, "num_hidden_layers": 27, "num_attention_heads": 16,
+        "q_lora_rank": None, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+        "max_position_embeddings": 163840, "rope_theta": 10000,
+        "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
+                         "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+    },
+    "DeepSeek-V3": {
+        "source": "https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json",
+        "model_type": "deepseek_v3", "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128,
+        "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+        "max_position_embeddings": 163840, "rope_theta": 10000,
+        "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
+                         "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+    },
+    "Kimi K2": {
+        "source": "https://huggingface.co/moonshotai/Kimi-K2-Instruct/blob/main/config.json",
+        "model_type": "kimi_k2", "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 64,
+        "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+        "max_position_embeddings": 131072, "rope_theta": 50000.0,
+        "rope_scaling": {"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "beta_fast": 1.0,
+                         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
+    },
+}
+
+
+def latent_cache_bytes_per_token(config, dtype):
+    """Bytes one position takes in one sequence's `LatentCache`, per layer: `(kv_lora_rank + qk_rope_head_dim) * element size`."""
+    width = config_value(config, "kv_lora_rank") + config_value(config, "qk_rope_head_dim")
+    return width * torch.empty((), dtype=dtype).element_size()
+
+
+def kv_cache_bytes_per_token(config, num_kv_heads, dtype):
+    """Bytes one position would take per layer in the KV cache of attention with the same query heads and
+    `num_kv_heads` K/V heads (`num_attention_heads`: MHA; 8: GQA with 8 groups; 1: MQA).
+
+    Keys and values of `v_head_dim` each (the paper's per-head `d_h`, its Table 1: MHA caches `2 n_h d_h`
+    values per token and layer, GQA `2 n_g d_h`, MQA `2 d_h`), as `attention.causal.gqa.KVCache` holds them.
+    """
+    return 2 * num_kv_heads * config_value(config, "v_head_dim") * torch.empty((), dtype=dtype).element_size()
+
+
+def layer_parameters(config):
+    """Parameters of one attention layer built from `config` (biases included where `attention_bias`)."""
+    C, H, q_rank = config_value(config, "hidden_size"), config_value(config, "num_attention_heads"), config_value(config, "q_lora_rank")
+    Dc, Dn, Dr, Dv = (config_value(config, name) for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
+    bias = bool(config_value(config, "attention_bias", False))
+    queries = C * H * (Dn + Dr) if q_rank is None else C * q_rank + bias * q_rank + q_rank + q_rank * H * (Dn + Dr)
+    latent = C * (Dc + Dr) + bias * (Dc + Dr) + Dc  # kv_a_proj_with_mqa, kv_a_layernorm
+    return queries + latent + Dc * H * (Dn + Dv) + H * Dv * C + bias * C  # + kv_b_proj, o_proj
+
+
+def latent_attention_flops(config, new_tokens, context, path):
+    """Matmul FLOPs of one sequence's call: `new_tokens` queries attending over `context` positions.
+
+    `context` counts every position attended, the new tokens' own included (a decode step after `L`
+    cached tokens: `new_tokens=1, context=L + 1`). The score matmuls are counted whole, `new_tokens x
+    context`, as both paths compute them (the causal mask then discards part). Norms, rotations and
+    softmax are not matmuls and are left out. Per path:
+
+    * both: the queries (`q_proj`, or `q_a_proj` then `q_b_proj`), `kv_a_proj_with_mqa`, `o_proj`;
+    * `"naive"`: `kv_b_proj` over all `context` latents (`2 * context * Dc * H * (Dn + Dv)`), then
+      scores `2 * H * T * S * (Dn + Dr)` and weighted values `2 * H * T * S * Dv`;
+    * `"absorbed"`: `W^UK` folded into the queries (`2 * H * T * Dn * Dc`), scores over the latent and
+      the rotary key `2 * H * T * S * (Dc + Dr)`, weighted latents `2 * H * T * S * Dc`, then `W^UV`
+      (`2 * H * T * Dc * Dv`).
+    """
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got path={path!r}")
+    if new_tokens <= 0 or context < new_tokens:
+        raise ValueError(f"need 0 < new_tokens <= context, got new_tokens={new_tokens}, context={context}")
+    C, H, q_rank = config_value(config, "hidden_size"), config_value(config, "num_attention_heads"), config_value(config, "q_lora_rank")
+    Dc, Dn, Dr, Dv = (config_value(config, name) for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
+    T, S = new_tokens, context
+    queries = 2 * T * C * H * (Dn + Dr) if q_rank is None else 2 * T * (C * q_rank + q_rank * H * (Dn + Dr))
+    projections = queries + 2 * T * C * (Dc + Dr) + 2 * T * H * Dv * C  # + kv_a_proj_with_mqa, o_proj
+    if path == "naive":
+        return projections + 2 * S * Dc * H * (Dn + Dv) + 2 * H * T * S * (Dn + Dr) + 2 * H * T * S * Dv
+    return projections + 2 * H * T * Dn * Dc + 2 * H * T * S * (Dc + Dr) + 2 * H * T * S * Dc + 2 * H * T * Dc * Dv
+
+
+def decode_step_bytes(config, context, batch_size, dtype, path):
+    """Bytes a decode step moves at least, one new token per sequence attending over `context` positions.
+
+    Both paths read the layer's weights once and each sequence's cache (`context` positions of the
+    latent and the rotary key). The naive path also writes each sequence's expanded keys and values
+    (`context * H * (Dn + Dr + Dv)` values) and reads them back to attend.
+    """
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got path={path!r}")
+    element_size = torch.empty((), dtype=dtype).element_size()
+    read = layer_parameters(config) * element_size + batch_size * context * latent_cache_bytes_per_token(config, dtype)
+    if path == "absorbed":
+        return read
+    H = config_value(config, "num_attention_heads")
+    Dn, Dr, Dv = (config_value(config, name) for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
+    return read + 2 * batch_size * context * H * (Dn + Dr + Dv) * element_size
