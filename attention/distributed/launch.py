@@ -80,15 +80,17 @@ def run_on_processes(fn, world_size, *args, timeout_s=300.0, group_timeout_s=60.
 
 @contextlib.contextmanager
 def _main_script_hidden():
-    """Start processes without the calling script: multiprocessing runs the main script again in every
-    process it starts (as `__mp_main__`), and a script that launches at top level, like an example page
-    run with `python examples/ring.py`, would launch again from each. The processes run `fn`, imported from
-    its module, and need nothing of the script."""
+    """Start processes without the calling script: multiprocessing runs the main script or module again in
+    every process it starts (as `__mp_main__`), so a script that launches at top level, like an example page
+    run with `python examples/ring.py`, would launch again from each (and a notebook kernel's would import
+    the kernel). The processes run `fn`, imported from its module, and need nothing of the main module."""
     main = sys.modules["__main__"]
     script = main.__dict__.pop("__file__", None)
+    spec, main.__spec__ = getattr(main, "__spec__", None), None
     try:
         yield
     finally:
+        main.__spec__ = spec
         if script is not None:
             main.__file__ = script
 
