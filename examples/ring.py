@@ -368,8 +368,11 @@ show_markdown(
 #   split, position for position (a test checks it), when `2P` divides the sequence length; otherwise no
 #   balancing. There is no padding.
 # * **Masks**: `is_causal` or none. An `attn_mask` raises `NotImplementedError` ("attn_bias is not supported
-#   yet"); causal needs equal query and key lengths; with balancing on (the default), non-causal attention
-#   raises ("Load balancing requires `is_causal=True`") unless `_cp_options.enable_load_balance` is turned off.
+#   yet"); causal needs equal query and key lengths; with balancing on (the default) and `2P` dividing the
+#   length, non-causal attention raises ("Load balancing requires `is_causal=True`") unless
+#   `_cp_options.enable_load_balance` is turned off first.
+# * **Grouped K/V heads**: not checked here (no GPU); this page's `torchrun` check runs it with as many
+#   key/value heads as query heads.
 #   (A separate FlexAttention path all-gathers the keys and values, no ring, and needs the length to divide
 #   by `P · 128`.)
 # * **Dtypes**: those of the CUDA kernels (flash: float16 and bfloat16; memory-efficient: float32 too).

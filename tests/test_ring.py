@@ -184,7 +184,12 @@ def test_a_failing_process_ends_the_others_with_a_clear_error():
 
 
 def test_ring_attention_keeps_the_family_contract():
+    import inspect
+
     assert isinstance(ring_attention, ContextParallelAttention)
+    contract = list(inspect.signature(ContextParallelAttention.__call__).parameters.values())[1:]  # without self
+    ours = list(inspect.signature(ring_attention).parameters.values())
+    assert [(p.name, p.kind, p.default) for p in ours] == [(p.name, p.kind, p.default) for p in contract]
 
 
 def test_chunk_ranges_of_each_layout():

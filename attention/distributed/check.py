@@ -55,6 +55,9 @@ def run_case(case, group=None, device="cpu"):
         out.backward(grad_out)
         grads = q.grad, k.grad, v.grad
     else:
+        if case["seq_len"] % (world_size * (2 if case["layout"] == "zigzag" else 1)):
+            raise ValueError(f"PyTorch's ring has no padding: seq_len={case['seq_len']} must split evenly "
+                             f"({case['layout']}, {world_size} processes)")
         out, grads = torch_ring_attention(q.detach(), k.detach(), v.detach(), grad_out, case["causal"], case["layout"],
                                           group)
     return {name: tensor.detach().cpu() for name, tensor in zip(RESULTS, (out, *grads))}

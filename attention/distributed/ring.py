@@ -10,8 +10,8 @@ has seen every key, and no process ever held more than two K/V blocks: memory pe
 `1 / P` (the inputs) and `1 / P²` (the score tiles).
 
 Causal attention needs balancing. Cut into P consecutive shards, the first rank's queries see only its own
-keys and the last rank's see all of them: the last rank does `2P - 1` times the first's work, and the ring
-waits for it at every step. The zig-zag layout cuts the sequence into 2P chunks and gives rank `r` chunk `r`
+keys and the last rank's see all of them: the last rank has about `2P - 1` times the first's unmasked
+scores, and the ring waits for it at every step. The zig-zag layout cuts the sequence into 2P chunks and gives rank `r` chunk `r`
 and its mirror `2P - 1 - r` (the split of Llama 3's context parallelism, https://arxiv.org/abs/2407.21783,
 section 3.3.2; PyTorch's `_HeadTailLoadBalancer`): each rank then holds one early and one late chunk, and
 every step past the first costs each rank the same half block. Sequences whose length does not split evenly
