@@ -24,10 +24,10 @@ from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-import attention.distributed.ring as ring
 import attention.distributed.__main__ as cli
-from attention.distributed import check, launch, measure
+import attention.distributed.ring as ring
 from attention.display import show, show_markdown, show_source, show_table
+from attention.distributed import check, launch, measure
 from attention.reference import reference_kernel
 
 # %% [markdown]

@@ -165,7 +165,7 @@ def ring_attention(q, k, v, causal=True, *, layout="zigzag", seq_len=None, group
     Raises:
         RuntimeError: another rank failed, or did not send its block within the process group's timeout.
     """
-    rank, world_size = _rank_and_size(group)
+    _, world_size = _rank_and_size(group)
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
         raise TypeError(f"q, k, v must be tensors, got {type(q).__name__}, {type(k).__name__}, {type(v).__name__}")
     if (q.dim() != 4 or k.shape != v.shape or k.dim() != 4 or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]
