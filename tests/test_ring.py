@@ -141,8 +141,10 @@ def test_bytes_sent_are_what_the_ring_should_send(launched, size):
 
 def _failing_worker(mode_by_group, group_timeout_s):
     """Groups of 2 run forward and backward; rank 1 of each group fails at its second exchange: by raising
-    (its process ends) or by going silent past the group's timeout."""
-    group = launch.subgroup(2)
+    (its process ends) or by going silent past the group's timeout. The groups are made with the short
+    timeout once every process is up (a slow start must not look like a failure)."""
+    dist.barrier()
+    group = launch.subgroup(2, timeout_s=group_timeout_s)
     group_index, group_rank = divmod(dist.get_rank(), 2)
     if group_rank == 1:
         mode, calls, original = mode_by_group[group_index], [], dist.batch_isend_irecv
@@ -166,8 +168,7 @@ def test_a_failing_process_ends_the_others_with_a_clear_error():
     group_timeout_s = 5
     started = time.monotonic()
     with pytest.raises(RuntimeError) as raised:
-        launch.run_on_processes(_failing_worker, 4, ["crash", "silent"], group_timeout_s, timeout_s=120,
-                                group_timeout_s=group_timeout_s)
+        launch.run_on_processes(_failing_worker, 4, ["crash", "silent"], group_timeout_s, timeout_s=120)
     message = str(raised.value)
     assert "4 of 4 processes failed" in message and "still running" not in message, message
     reports = {rank: message.split(f"rank {rank} raised:")[1].split("\nrank ")[0] for rank in range(4)}

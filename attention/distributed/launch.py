@@ -118,15 +118,21 @@ def _start_fork_server(preload):
             os.environ["PYTHONPATH"] = previous
 
 
-def subgroup(size):
+def subgroup(size, timeout_s=None):
     """Split the processes into consecutive groups of `size` (ranks 0..size-1, size..2*size-1, ...) and return
-    the one this process belongs to. Every process must call it, with the same sizes in the same order."""
+    the one this process belongs to. Every process must call it, with the same sizes in the same order.
+
+    Args:
+        timeout_s: the groups' timeout; default the launch's `group_timeout_s` (a group made by `new_group`
+            does not inherit it otherwise).
+    """
     global_size, rank = dist.get_world_size(), dist.get_rank()
     if isinstance(size, bool) or not isinstance(size, int) or size <= 0 or global_size % size:
         raise ValueError(f"size must divide the number of processes {global_size}, got size={size!r}")
+    timeout = _group_timeout if timeout_s is None else datetime.timedelta(seconds=timeout_s)
     mine = None
     for first in range(0, global_size, size):
-        group = dist.new_group(list(range(first, first + size)), timeout=_group_timeout)  # not inherited otherwise
+        group = dist.new_group(list(range(first, first + size)), timeout=timeout)
         if first <= rank < first + size:
             mine = group
     return mine
