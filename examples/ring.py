@@ -284,7 +284,7 @@ show_markdown(
 # sequence on 1, 2 and 4 processes:
 
 # %%
-fixed = dict(batch=1, num_heads=8, num_kv_heads=2, seq_len=1024, head_dim=64, repeats=1)
+fixed = dict(batch=1, num_heads=8, num_kv_heads=2, seq_len=512, head_dim=64, repeats=1)
 configs = [dict(fixed, world_size=P) for P in (1, 2, 4)]
 per_rank = launch.run_on_processes(measure.measure_here, 4, configs)
 measured = per_rank[0]  # rank 0's dicts: it belongs to one group of each size
@@ -349,7 +349,7 @@ show_markdown(
 # (time, peak memory and bytes per process against P, with its provenance), its table goes here.
 
 # %% [markdown]
-# ## PyTorch's engine: `context_parallel`
+# ## PyTorch's engine: context_parallel
 #
 # PyTorch ships context parallelism as `torch.distributed.tensor.experimental.context_parallel`
 # (prototype): a context manager that shards given buffers along the sequence in place and, inside it,
@@ -370,11 +370,10 @@ show_markdown(
 # * **Masks**: `is_causal` or none. An `attn_mask` raises `NotImplementedError` ("attn_bias is not supported
 #   yet"); causal needs equal query and key lengths; with balancing on (the default) and `2P` dividing the
 #   length, non-causal attention raises ("Load balancing requires `is_causal=True`") unless
-#   `_cp_options.enable_load_balance` is turned off first.
+#   `_cp_options.enable_load_balance` is turned off first. (A separate FlexAttention path all-gathers the
+#   keys and values, no ring, and needs the length to divide by `P · 128`.)
 # * **Grouped K/V heads**: not checked here (no GPU); this page's `torchrun` check runs it with as many
 #   key/value heads as query heads.
-#   (A separate FlexAttention path all-gathers the keys and values, no ring, and needs the length to divide
-#   by `P · 128`.)
 # * **Dtypes**: those of the CUDA kernels (flash: float16 and bfloat16; memory-efficient: float32 too).
 #
 # Here, on the CPU with gloo, the public path was tried at build time on 2 processes:
@@ -389,7 +388,7 @@ print("context_parallel on CPU:", "ran" if probe["error"] is None else probe["er
 # backward), it is the `torch` rows of the table above, equal to the reference like ours.
 
 # %% [markdown]
-# ## On GPUs, with `torchrun`
+# ## On GPUs, with torchrun
 #
 # `python -m attention.distributed` is the same check as a `torchrun` script: each process takes GPU
 # `LOCAL_RANK` and NCCL (the CPU and gloo where there is no GPU), draws the sequence from the seed, keeps
