@@ -130,6 +130,19 @@ def test_dropout_stochastic_in_training_and_off_in_eval(need_weights):
         torch.testing.assert_close(module.eval()(x, need_weights=need_weights)[0], no_dropout(x)[0], **TOL)
 
 
+def test_returned_weights_are_taken_before_dropout():
+    """In training, dropout zeroes and rescales the weights that multiply the values, but `need_weights` returns
+    them before dropout (the docstring's promise): rows summing to 1, the same as in eval mode."""
+    module = build(dropout=0.5)
+    x = torch.randn(2, 6, 16)
+    with torch.no_grad():
+        eval_out, eval_weights = module.eval()(x, need_weights=True)
+        train_out, train_weights = module.train()(x, need_weights=True)
+    torch.testing.assert_close(train_weights, eval_weights, rtol=0, atol=0)
+    torch.testing.assert_close(train_weights.sum(dim=-1), torch.ones(2, 4, 6))
+    assert not torch.allclose(train_out, eval_out), "dropout still acts on the output in training"
+
+
 def test_weights_path_equals_sdpa_path():
     module = build()
     x, mask = torch.randn(3, 7, 16), random_mask((3, 1, 7, 7))

@@ -230,8 +230,17 @@ def test_sdpa_classes_are_found():
 def test_sdpa_classes_take_the_fused_cpu_kernel(name):
     # Pinned to the flash kernel, SDPA raises instead of falling back to math: a mask or bias of a shape
     # the fused kernel refuses (a 3-D float bias, say) would fail here.
+    # And the fused kernel's output and gradients are this package's model: the float64 reference's.
     module = build(name, d_in=32, d_out=32, context_length=64, num_heads=4)
     x = torch.randn(2, 64, 32, requires_grad=True)
+    grad_out = torch.randn(2, 64, 32)
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
-        module(x).sum().backward()
-    assert x.grad is not None
+        out = module(x)
+        (out * grad_out).sum().backward()
+    ref_out, ref_x_grad, ref_param_grads = reference_with_grads(
+        x, module.canonical_state_dict(), 4, module.position_encoding, grad_out)
+    tol = tolerance("cpu", torch.float32)
+    torch.testing.assert_close(out.double(), ref_out, **tol)
+    torch.testing.assert_close(x.grad.double(), ref_x_grad, **tol)
+    for key, grad in canonical_grads(module).items():
+        torch.testing.assert_close(grad.double(), ref_param_grads[key], **tol, msg=lambda m: f"{key}: {m}")

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from helpers import tolerance
 
-from attention.causal.gqa import GroupedQueryAttention, KVCache, SlidingWindowKVCache
+from attention.causal.gqa import GroupedQueryAttention, KVCache, SlidingWindowKVCache, grouped_decode_attention
 from attention.masks import and_masks, attention_sinks, causal, dense_mask, or_masks, sliding_window
 from attention.reference import expand_kv_heads, reference_attention
 
@@ -43,6 +43,26 @@ def test_every_step_equals_the_full_forward(num_kv_heads, prompt_length, chunk, 
             out = module(x[:, start:stop], cache=cache)
             torch.testing.assert_close(out, full[:, start:stop], **TOL, msg=lambda m: f"positions {start}..{stop}: {m}")
             assert cache.length == stop
+
+
+@pytest.mark.parametrize("decode_kernel", ["auto", "matmul"])
+@pytest.mark.parametrize("num_kv_heads", [8, 2, 1], ids=["MHA", "GQA", "MQA"])
+def test_batch_one_decode_steps_equal_the_full_forward(num_kv_heads, decode_kernel):
+    """One token of one sequence takes the row-split projections (`row_split_linear`), a path of its own:
+    with projection biases, every step equals the full forward pass."""
+    torch.manual_seed(0)
+    module = GroupedQueryAttention(24, 32, 32, 0.0, 8, qkv_bias=True, num_kv_heads=num_kv_heads,
+                                   decode_kernel=decode_kernel).eval()
+    with torch.no_grad():
+        for layer in (module.query, module.key, module.value, module.out):
+            layer.bias.normal_()  # nn.Linear starts its biases small: make a dropped bias show
+        x = torch.randn(1, 12, 24)
+        full = module(x)
+        cache = module.new_cache(1, 12)
+        module(x[:, :4], cache=cache)  # prefill
+        for t in range(4, 12):
+            torch.testing.assert_close(module(x[:, t:t + 1], cache=cache), full[:, t:t + 1], **TOL,
+                                       msg=lambda m: f"position {t}: {m}")
 
 
 def test_is_causal_aligns_top_left_and_the_cache_mask_lower_right():
@@ -199,6 +219,34 @@ def test_rewind_repeats_a_step_exactly_and_keeps_the_contract(kind):
     for bad in (-1, 23, 2.0, True):
         with pytest.raises(ValueError, match="length must be an int"):
             cache.rewind(bad)
+
+
+def test_a_chunk_after_a_rewind_sees_only_what_the_rewind_kept():
+    """Positions from the rewind on are forgotten: a chunk that follows attends to its own keys, not also to the
+    ones it replaces (the chunk path attends over the ring and the chunk together). A window longer than the
+    sequence keeps every position, so the cache may rewind by more than one step."""
+    module = build(2)
+    x, other = torch.randn(2, 24, 24), torch.randn(2, 4, 24)
+    with torch.no_grad():
+        cache = module.new_cache(2, window=30, sinks=2)
+        module(x, cache=cache)
+        cache.rewind(20)
+        out = module(other, cache=cache)  # positions 20..23 again, other tokens
+        fresh = module.new_cache(2, window=30, sinks=2)
+        module(x[:, :20], cache=fresh)
+        expected = module(other, cache=fresh)
+    torch.testing.assert_close(out, expected, **TOL)
+
+
+def test_grouped_decode_attention_gives_zeros_to_a_query_with_no_key():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    mask[1] = False  # query 1 may attend to nothing
+    out = grouped_decode_attention(q, k, v, mask)  # (1, 4, 3, 8)
+    assert not out.isnan().any() and torch.equal(out[:, :, 1], torch.zeros(1, 4, 8))
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  # rows with a key
+    torch.testing.assert_close(out[:, :, [0, 2]], expected[:, :, [0, 2]], **TOL)
 
 
 def test_sliding_window_refuses_to_rewind_past_what_it_evicted():

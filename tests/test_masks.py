@@ -108,11 +108,27 @@ def test_bigbird_random_keys_are_reproducible_from_the_seed():
     assert full[:2].all() and full[:, :2].all()
 
 
+@pytest.mark.parametrize("max_len", [32, 30], ids=["whole-blocks", "short-last-block"])
+def test_bigbird_random_blocks_follow_the_table_query_block_first(max_len):
+    """With `block_size > 1`, query i attends to key j when `random_keys[i // block, j // block]`: row = query
+    block. Read the other way round, one query block would get no random key block and another two."""
+    block = 4
+    mask_mod = bigbird(radius=0, num_global=0, num_random=2, max_len=max_len, seed=3, block_size=block)
+    table = mask_mod.random_keys  # (blocks, blocks), rows are query blocks
+    assert table.shape == (8, 8) and torch.equal(table.sum(dim=-1), torch.full((8,), 2))
+    assert not torch.equal(table, table.T), "a symmetric table could not tell rows from columns"
+    expected = torch.tensor([[i == j or bool(table[i // block, j // block]) for j in range(max_len)]
+                             for i in range(max_len)])  # radius 0: the diagonal, plus the random blocks
+    assert torch.equal(dense_mask(mask_mod, max_len, max_len), expected)
+    assert mask_mod.__name__ == "bigbird_0_0_2_seed3_block4"
+
+
 def test_density():
     assert density(causal, 4) == pytest.approx(10 / 16)
     assert density(sliding_window(1), 8) == pytest.approx(1 / 8)
     assert density(local_window(0), 5, 5) == pytest.approx(1 / 5)
     assert density(key_padding(torch.tensor([1, 4])), 4, batch=2) == pytest.approx((4 + 16) / 32)
+    assert density(causal, 2, 4) == pytest.approx(3 / 8)  # unequal lengths: (Tq, Tk) = (2, 4)
 
 
 @pytest.mark.parametrize("make, argument, message", [
@@ -153,6 +169,7 @@ FLEX_CASES = {
     "bigbird": (bigbird(2, 1, 3, max_len=128, seed=0), 128, 128, None),
     "key_padding_unequal_lengths": (key_padding(torch.tensor([40, 120])), 128, 128, 2),
     "prefix_lm_per_sequence": (prefix_lm(torch.tensor([3, 70])), 128, 128, 2),
+    "key_padding_more_keys_than_queries": (key_padding(torch.tensor([200, 256])), 128, 256, 2),
 }
 
 
@@ -189,6 +206,25 @@ def test_flex_classes_are_right_on_short_sequences(name, seq_len):
     with torch.no_grad():
         out = module(x)  # (B, T, d_out)
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_one_flex_module_at_two_lengths_above_the_padding():
+    """The BlockMask is cached per (length, device): a second length past MIN_CPU_SEQ_LEN must get its own,
+    not the first length's (which raises or attends over the wrong blocks)."""
+    from attention import IMPLEMENTATIONS
+    from attention.causal.flex import MIN_CPU_SEQ_LEN
+    from attention.reference import reference_causal_self_attention
+
+    torch.manual_seed(0)
+    module = IMPLEMENTATIONS["flex"](16, 16, 320, 0.0, 2).eval()  # head_dim 8; gqa_flex and alibi_flex inherit block_mask
+    state = module.canonical_state_dict()
+    for seq_len in (MIN_CPU_SEQ_LEN + 2, 2 * MIN_CPU_SEQ_LEN + 40):
+        x = torch.randn(1, seq_len, 16)
+        with torch.no_grad():
+            out = module(x)  # (1, T, d_out)
+        expected, _ = reference_causal_self_attention(x.double(), state, 2, module.position_encoding)
+        torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5, msg=lambda m: f"T={seq_len}: {m}")
+    assert len(module.block_masks) == 2
 
 
 def test_padding_rows_never_produce_nan():

@@ -145,6 +145,22 @@ def test_rotary_cache_grows_instead_of_truncating():
         RotaryEmbedding(head_dim=5)
 
 
+def test_rotary_cache_is_rebuilt_for_another_dtype_and_device():
+    """A bf16 call after a float32 one gets bf16 cosines and sines (computed in float32, then rounded), and a
+    call on another device gets them there: the cache is keyed by dtype and device, not only by length."""
+    rope = RotaryEmbedding(head_dim=8)
+    x = torch.randn(1, 2, 6, 8)
+    rope(x)  # caches float32 cosines and sines on the CPU for 6 positions
+    half = x.to(torch.bfloat16)
+    out = rope(half)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, apply_rotary(half, *rotary_cos_sin(6, 8, 10000.0, "cpu", torch.bfloat16)))
+    # The "meta" device stands in for a GPU: shapes and devices without data, on any machine.
+    elsewhere = rope(torch.empty(1, 2, 6, 8, device="meta"))
+    assert elsewhere.device.type == "meta" and rope.cos_cached.device.type == "meta"
+    assert rope(x).device.type == "cpu" and torch.equal(rope(x), apply_rotary(x, *rotary_cos_sin(6, 8, 10000.0, "cpu", torch.float32)))
+
+
 # ---------------------------------------------------------------- what attention sees of the order
 
 

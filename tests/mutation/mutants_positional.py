@@ -1,0 +1,75 @@
+"""Plausible bugs in the position encodings (attention/positional/): RoPE, ALiBi, sinusoidal, learned."""
+
+from mutant import Mutant
+
+ROTARY = "attention/positional/rotary.py"
+ALIBI = "attention/positional/alibi.py"
+SINUSOIDAL = "attention/positional/sinusoidal.py"
+LEARNED = "attention/positional/learned.py"
+TESTS = "tests/test_positional.py"
+# ALiBiFlexAttention takes alibi_score_mod and alibi_bias from attention/positional/alibi.py.
+ALIBI_TESTS = "tests/test_positional.py tests/test_implementations.py -k alibi"
+
+MUTANTS = [
+    Mutant("rope_frequency_exponent_halved", ROTARY,
+           "inv_freq = base ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)",
+           "inv_freq = base ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / (head_dim // 2))",
+           "frequencies base^(-2i/(D/2)) instead of base^(-2i/D): the exponent divided by the pair count", TESTS),
+    Mutant("rope_angles_interleaved", ROTARY,
+           "    angles = torch.cat([angles, angles], dim=-1)  # (T, D): the rotate-half",
+           "    angles = angles.repeat_interleave(2, dim=-1)  # (T, D): the rotate-half",
+           "the interleaved layout's angles used with the rotate-half pairing", TESTS),
+    Mutant("rope_rotates_backwards", ROTARY,
+           "    return torch.cat([-x2, x1], dim=-1)\n", "    return torch.cat([x2, -x1], dim=-1)\n",
+           "rotate_half's sign on the wrong half: every pair turns by -theta", TESTS),
+    Mutant("rope_offset_ignored", ROTARY,
+           "return self.cos_cached[offset:needed], self.sin_cached[offset:needed]",
+           "return self.cos_cached[:seq_len], self.sin_cached[:seq_len]",
+           "decoding with an offset rotates by positions 0.. again", TESTS),
+    Mutant("rope_cache_never_grows", ROTARY,
+           "if cache is None or cache.shape[0] < needed or", "if cache is None or",
+           "the first length cached is kept: a longer input is truncated or fails", TESTS),
+    Mutant("rope_cache_ignores_dtype", ROTARY,
+           " or cache.dtype != dtype:", ":",
+           "a bf16 call after a float32 one gets float32 cosines (issue 35, survivor 3)", TESTS),
+    Mutant("rope_cache_ignores_device", ROTARY,
+           " or cache.device != torch.device(device)", "",
+           "a call on another device gets the first device's cosines (issue 35, survivor 3)", TESTS),
+    Mutant("alibi_slopes_start_at_one", ALIBI,
+           "        return [start * start ** i for i in range(n)]\n", "        return [start ** i for i in range(n)]\n",
+           "the geometric sequence started at 1 instead of 2^(-8/n): head 0 gets slope 1", ALIBI_TESTS),
+    Mutant("alibi_slopes_wrong_interleave", ALIBI,
+           "slopes += power_of_two_slopes(2 * closest)[0::2][: num_heads - closest]",
+           "slopes += power_of_two_slopes(2 * closest)[1::2][: num_heads - closest]",
+           "non-power-of-two head counts: the odd instead of the even extra slopes", ALIBI_TESTS),
+    Mutant("alibi_bias_masks_the_diagonal", ALIBI,
+           "return bias.masked_fill(distance < 0, float(\"-inf\"))", "return bias.masked_fill(distance <= 0, float(\"-inf\"))",
+           "off by one: the query may not attend to itself", ALIBI_TESTS),
+    Mutant("alibi_bias_sign", ALIBI,
+           "    bias = -slopes[:, None, None] * distance  # (H, Tq, Tk)", "    bias = slopes[:, None, None] * distance  # (H, Tq, Tk)",
+           "the bias rewards distance instead of penalising it", ALIBI_TESTS),
+    Mutant("alibi_symmetric_form_not_symmetric", ALIBI,
+           "return (-slopes[:, None, None] * distance.abs()).to(dtype)",
+           "return (-slopes[:, None, None] * distance).to(dtype)",
+           "the bidirectional form forgets the absolute value", ALIBI_TESTS),
+    Mutant("alibi_score_mod_distance_reversed", ALIBI,
+           "return score - slopes[h] * (q_idx - kv_idx)", "return score - slopes[h] * (kv_idx - q_idx)",
+           "FlexAttention's score_mod with the distance the wrong way round", ALIBI_TESTS),
+    Mutant("alibi_score_mod_one_slope", ALIBI,
+           "return score - slopes[h] * (q_idx - kv_idx)", "return score - slopes[0] * (q_idx - kv_idx)",
+           "every head takes head 0's slope", ALIBI_TESTS),
+    Mutant("sinusoidal_halves_not_interleaved", SINUSOIDAL,
+           "table = torch.stack([angles.sin(), angles.cos()], dim=-1)  # (T, dim/2, 2)",
+           "table = torch.cat([angles.sin(), angles.cos()], dim=-1)  # (T, dim/2, 2)",
+           "sines then cosines in two halves (tensor2tensor's layout) instead of the paper's interleaving", TESTS),
+    Mutant("sinusoidal_offset_ignored", SINUSOIDAL,
+           "table = sinusoidal_table(offset + T, self.dim, self.base, x.device, x.dtype)[offset:]",
+           "table = sinusoidal_table(T, self.dim, self.base, x.device, x.dtype)",
+           "positions restart at 0 whatever the offset", TESTS),
+    Mutant("learned_offset_ignored", LEARNED,
+           "return x + self.weight[offset:offset + T]", "return x + self.weight[:T]",
+           "positions restart at 0 whatever the offset", TESTS),
+    Mutant("learned_refuses_the_last_position", LEARNED,
+           "if offset + T > self.max_len:", "if offset + T >= self.max_len:",
+           "off by one: max_len positions accepted as max_len - 1", TESTS),
+]
