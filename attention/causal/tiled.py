@@ -107,6 +107,44 @@ def _tile_scores(q_tile, k_tile, scale, q_start, k_start, offset, causal, mask_t
     return scores if allowed is None else scores.masked_fill(~allowed, float("-inf"))
 
 
+
+def _online_softmax_update(row_max, row_sum, acc, scores, v_tile):
+    """Fold one tile of scores `(B, H, bq, bk)` (-inf where masked) and its values `(B, H, bk, D)` into the
+    running maximum `m` and sum `l` `(B, H, bq)` and unnormalised output `acc` `(B, H, bq, D)` of its
+    queries; return the three updated. Where the tile raises the maximum, what was summed so far is
+    rescaled by `exp(m_old - m_new)` (the online softmax)."""
+    new_max = torch.maximum(row_max, scores.amax(dim=-1))  # (B, H, bq)
+    safe_max = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)  # no -inf - -inf
+    weights = torch.exp(scores - safe_max[..., None])  # (B, H, bq, bk): 0 where masked
+    rescale = torch.exp(row_max - safe_max)  # (B, H, bq): 0 while nothing was seen yet
+    row_sum = rescale * row_sum + weights.sum(dim=-1)
+    acc = rescale[..., None] * acc + weights @ v_tile  # (B, H, bq, D)
+    return new_max, row_sum, acc
+
+
+def _finish_rows(row_max, row_sum, acc):
+    """The output `acc / l` `(B, H, bq, D)` and log-sum-exp `m + log l` `(B, H, bq)` of rows whose keys are all
+    folded in; a row that could attend to no key gets a zero output and a log-sum-exp of -inf."""
+    seen = row_sum > 0  # False for a query that may attend to no key
+    out = torch.where(seen[..., None], acc / row_sum.clamp_min(1e-30)[..., None], torch.zeros_like(acc))
+    lse = torch.where(seen, row_max + torch.log(row_sum.clamp_min(1e-30)), torch.full_like(row_max, float("-inf")))
+    return out, lse  # (B, H, bq, D), (B, H, bq)
+
+
+def _tile_gradients(q_tile, k_tile, v_tile, grad_out_tile, scores, lse_tile, delta_tile, scale):
+    """One tile's share of the gradients, from its recomputed scores `(B, H, bq, bk)`, the saved log-sum-exp
+    `(B, H, bq)` of its queries and their row term `delta = dO . O` `(B, H, bq)`: `(grad_q, grad_k, grad_v)`,
+    `(B, H, bq, D)`, `(B, H, bk, D)`, `(B, H, bk, D)` (FlashAttention's Algorithm 2, one tile)."""
+    safe_lse = torch.where(torch.isinf(lse_tile), torch.zeros_like(lse_tile), lse_tile)  # rows that saw no key
+    weights = torch.exp(scores - safe_lse[..., None])  # (B, H, bq, bk): P, recomputed
+    weights = torch.where(torch.isinf(lse_tile[..., None]), torch.zeros_like(weights), weights)  # P = 0 there
+    grad_v = weights.transpose(-2, -1) @ grad_out_tile  # (B, H, bk, D)
+    grad_weights = grad_out_tile @ v_tile.transpose(-2, -1)  # (B, H, bq, bk): dP
+    grad_scores = weights * (grad_weights - delta_tile[..., None])  # (B, H, bq, bk): dS
+    grad_q = (grad_scores @ k_tile) * scale  # (B, H, bq, D)
+    grad_k = (grad_scores.transpose(-2, -1) @ q_tile) * scale  # (B, H, bk, D)
+    return grad_q, grad_k, grad_v
+
 class _TiledAttention(torch.autograd.Function):
     """Forward by tiles with the online softmax; backward by recomputing each tile from the saved
     output and log-sum-exp (FlashAttention, Algorithms 1 and 2)."""
@@ -128,17 +166,10 @@ class _TiledAttention(torch.autograd.Function):
                 mask_tile = None if mask is None else mask[:, :, q_start:q_end, k_start:k_end]
                 scores = _tile_scores(q_tile, k[:, :, k_start:k_end].to(acc_dtype), scale, q_start, k_start, offset,
                                       causal, mask_tile)  # (B, H, bq, bk)
-                new_max = torch.maximum(row_max, scores.amax(dim=-1))  # (B, H, bq)
-                safe_max = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)  # no -inf - -inf
-                weights = torch.exp(scores - safe_max[..., None])  # (B, H, bq, bk): 0 where masked
-                rescale = torch.exp(row_max - safe_max)  # (B, H, bq): 0 while nothing was seen yet
-                row_sum = rescale * row_sum + weights.sum(dim=-1)
-                acc = rescale[..., None] * acc + weights @ v[:, :, k_start:k_end].to(acc_dtype)  # (B, H, bq, D)
-                row_max = new_max
-            seen = row_sum > 0  # False for a query that may attend to no key
-            out[:, :, q_start:q_end] = torch.where(seen[..., None], acc / row_sum.clamp_min(1e-30)[..., None],
-                                                   torch.zeros_like(acc)).to(q.dtype)
-            lse[:, :, q_start:q_end] = torch.where(seen, row_max + torch.log(row_sum.clamp_min(1e-30)), lse[:, :, q_start:q_end])
+                row_max, row_sum, acc = _online_softmax_update(row_max, row_sum, acc, scores,
+                                                               v[:, :, k_start:k_end].to(acc_dtype))
+            out_tile, lse[:, :, q_start:q_end] = _finish_rows(row_max, row_sum, acc)  # (B, H, bq, D), (B, H, bq)
+            out[:, :, q_start:q_end] = out_tile.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.block_size, ctx.causal, ctx.mask = block_size, causal, mask
         return out
@@ -157,7 +188,6 @@ class _TiledAttention(torch.autograd.Function):
         grad_v = torch.zeros(v.shape, dtype=acc_dtype, device=v.device)
         # delta_i = sum_j P_ij dP_ij = dO_i . O_i: the softmax backward's row term, from the saved output.
         delta = (grad_out.to(acc_dtype) * out.to(acc_dtype)).sum(dim=-1)  # (B, H, Tq)
-        safe_lse = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)  # rows that saw no key: P = 0 below
         for q_start, q_end, k_tiles in _tiles(Tq, Tk, block_size, causal):
             q_tile = q[:, :, q_start:q_end].to(acc_dtype)  # (B, H, bq, D)
             grad_out_tile = grad_out[:, :, q_start:q_end].to(acc_dtype)  # (B, H, bq, D)
@@ -165,13 +195,12 @@ class _TiledAttention(torch.autograd.Function):
                 k_tile, v_tile = k[:, :, k_start:k_end].to(acc_dtype), v[:, :, k_start:k_end].to(acc_dtype)
                 mask_tile = None if mask is None else mask[:, :, q_start:q_end, k_start:k_end]
                 scores = _tile_scores(q_tile, k_tile, scale, q_start, k_start, offset, causal, mask_tile)
-                weights = torch.exp(scores - safe_lse[:, :, q_start:q_end, None])  # (B, H, bq, bk): P, recomputed
-                weights = torch.where(torch.isinf(lse[:, :, q_start:q_end, None]), torch.zeros_like(weights), weights)
-                grad_v[:, :, k_start:k_end] += weights.transpose(-2, -1) @ grad_out_tile  # (B, H, bk, D)
-                grad_weights = grad_out_tile @ v_tile.transpose(-2, -1)  # (B, H, bq, bk): dP
-                grad_scores = weights * (grad_weights - delta[:, :, q_start:q_end, None])  # (B, H, bq, bk): dS
-                grad_q[:, :, q_start:q_end] += (grad_scores @ k_tile) * scale  # (B, H, bq, D)
-                grad_k[:, :, k_start:k_end] += (grad_scores.transpose(-2, -1) @ q_tile) * scale  # (B, H, bk, D)
+                grad_q_tile, grad_k_tile, grad_v_tile = _tile_gradients(
+                    q_tile, k_tile, v_tile, grad_out_tile, scores, lse[:, :, q_start:q_end], delta[:, :, q_start:q_end],
+                    scale)
+                grad_q[:, :, q_start:q_end] += grad_q_tile  # (B, H, bq, D)
+                grad_k[:, :, k_start:k_end] += grad_k_tile  # (B, H, bk, D)
+                grad_v[:, :, k_start:k_end] += grad_v_tile  # (B, H, bk, D)
         return grad_q.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype), None, None, None
 
 
