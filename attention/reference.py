@@ -364,7 +364,8 @@ def reference_rms_norm(x, weight=None, eps=1e-6, offset=0.0):
 
 
 def reference_model_attention(x, state, *, head_dim, scale, rope=None, interleaved=False, qk_norm=None, norm_eps=1e-6,
-                              norm_offset=0.0, window=None, chunk=None, softcap=None, query_temperature=None):
+                              norm_offset=0.0, window=None, chunk=None, softcap=None, query_temperature=None,
+                              past_keys=None, past_values=None):
     """One causal self-attention layer of a current open model over positions `0 .. T-1`, in float64.
 
     Written from the models' papers, not from their code: project, normalise, rotate, mask, attend
@@ -387,9 +388,12 @@ def reference_model_attention(x, state, *, head_dim, scale, rope=None, interleav
         window: query i attends to keys `i - window < j <= i` (a sliding-window layer); None: every `j <= i`.
         chunk: query i attends to keys `j <= i` of its own chunk, `j // chunk == i // chunk` (Llama 4's local layers).
         query_temperature: `(T,)` factors multiplying each position's query (Llama 4's NoPE layers), or None.
+        past_keys, past_values: `(B, H_kv, L, D)`, positions `0 .. L - 1` as a KV cache holds them (keys
+            normalised and rotated), or None: `x` then continues at positions `L .. L + T - 1` and attends to
+            them too (one decoding call, checked against what its cache holds).
 
     Returns:
-        `(out, weights)`: `(B, T, hidden)` and `(B, H, T, T)`, both float64.
+        `(out, weights)`: `(B, T, hidden)` and `(B, H, T, L + T)`, both float64.
     """
     f64 = {name: tensor.to(torch.float64) for name, tensor in state.items()}
     x = x.to(torch.float64)
@@ -410,7 +414,8 @@ def reference_model_attention(x, state, *, head_dim, scale, rope=None, interleav
     if qk_norm == "head":
         q = reference_rms_norm(q, f64["q_norm.weight"], norm_eps, norm_offset)
         k = reference_rms_norm(k, f64["k_norm.weight"], norm_eps, norm_offset)
-    positions = torch.arange(T)
+    past = 0 if past_keys is None else past_keys.shape[2]
+    positions = torch.arange(past, past + T)
     if rope is not None:
         inverse_frequencies, attention_factor = rope
         q = apply_rotary(q, positions, inverse_frequencies, attention_factor, interleaved)
@@ -421,15 +426,39 @@ def reference_model_attention(x, state, *, head_dim, scale, rope=None, interleav
         raise ValueError(f"qk_norm must be None, 'head', 'projection' or 'l2', got {qk_norm!r}")
     if query_temperature is not None:
         q = q * query_temperature.to(torch.float64).view(1, 1, T, 1)
-    distance = positions[:, None] - positions[None, :]  # (T, T): query i - key j
+    if past_keys is not None:  # the cached positions first
+        k = torch.cat([past_keys.to(torch.float64), k], dim=2)  # (B, H_kv, L + T, D)
+        v = torch.cat([past_values.to(torch.float64), v], dim=2)
+    key_positions = torch.arange(past + T)
+    distance = positions[:, None] - key_positions[None, :]  # (T, L + T): query i - key j
     mask = distance >= 0
     if window is not None:
         mask = mask & (distance < window)
     if chunk is not None:
-        mask = mask & (positions[:, None] // chunk == positions[None, :] // chunk)
+        mask = mask & (positions[:, None] // chunk == key_positions[None, :] // chunk)
     context, weights = reference_kernel(q, k, v, mask, scale=scale, softcap=softcap, sinks=f64.get("sinks"))
     context = context.transpose(1, 2).reshape(B, T, -1)  # (B, T, H * D)
     return project(context, "o_proj"), weights
+
+
+def model_reference_kwargs(module, positions):
+    """`reference_model_attention`'s keywords for a layer of `attention.models` whose queries sit at `positions`
+    `(T,)`, read from the layer's attributes (the tests' and the benchmark's checks share it)."""
+    from attention.models.gemma3 import Gemma3RMSNorm
+    from attention.models.llama4 import Llama4TextAttention
+
+    parameters = module.rope_parameters
+    rope = None if parameters is None else rope_inverse_frequencies(module.head_dim, parameters["rope_theta"], parameters)
+    q_norm = getattr(module, "q_norm", None)
+    temperature = None
+    if getattr(module, "attn_temperature_tuning", False):  # Llama 4's NoPE layers (https://arxiv.org/abs/2501.19399)
+        temperature = torch.log1p(torch.floor((positions.to(torch.float64) + 1) / module.floor_scale)) * module.attn_scale + 1
+    return dict(head_dim=module.head_dim, scale=module.scaling, rope=rope,
+                interleaved=isinstance(module, Llama4TextAttention), qk_norm=module.qk_norm,
+                norm_eps=getattr(q_norm, "variance_epsilon", getattr(q_norm, "eps", getattr(module, "norm_eps", None))),
+                norm_offset=1.0 if isinstance(q_norm, Gemma3RMSNorm) else 0.0, window=module.sliding_window,
+                chunk=getattr(module, "attention_chunk_size", None), softcap=getattr(module, "attn_logit_softcapping", None),
+                query_temperature=temperature)
 
 
 # ---------------------------------------------------------------------------------------------------

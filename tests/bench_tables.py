@@ -6,9 +6,12 @@ tiny sizes below, with `structure` as written here): the quick, long and decode 
 the command line resolved. The tests run today's code on the same inputs and compare.
 """
 
+import contextlib
 import json
 import re
 from pathlib import Path
+
+import pytest
 
 BEFORE = json.loads((Path(__file__).parent / "data" / "bench_tables_before.json").read_text())
 # The columns that name a row rather than measure it: a row is the tuple of its cells there.
@@ -16,6 +19,21 @@ IDENTITY = {"implementation", "B", "T", "pattern", "Model (K/V heads)", "Kernel"
 TINY = dict(device="cpu", d_model=32, num_heads=2, min_run_time=0.01, min_repeats=2, warmup_time=0.0, matmul_size=64)
 TINY_DECODE = dict(num_heads=8, head_dim=16, contexts=(64, 128), batches=(1, 2), min_run_time=0.02, min_repeats=2,
                    warmup_time=0.0, bandwidth_bytes=2**22)
+
+
+@contextlib.contextmanager
+def quick_yardsticks():
+    """The decode sweep's samples of the matmul rate and the bandwidth (after each model) shortened, for tests of
+    what else a run does; tests/test_decode.py's `decode_result` samples them at the sweep's sizes."""
+    from attention.bench import metrics
+
+    matmul_rate, bandwidth_rate = metrics.matmul_rate, metrics.bandwidth_rate
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(metrics, "matmul_rate", lambda device, dtype, size, min_run_time: matmul_rate(
+            device, dtype, 256, min_run_time=0.01, warmup_time=0.0))
+        patch.setattr(metrics, "bandwidth_rate", lambda device, dtype, nbytes: bandwidth_rate(
+            device, dtype, nbytes, min_run_time=0.01))
+        yield
 
 
 def structure(markdown):

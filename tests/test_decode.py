@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-from bench_tables import BEFORE, TINY_DECODE, structure
+from bench_tables import BEFORE, TINY_DECODE, quick_yardsticks, structure
 from helpers import tolerance
 from matplotlib.figure import Figure
 
@@ -91,7 +91,7 @@ def test_a_cache_is_any_object_keeping_the_contract():
 
 @pytest.fixture(scope="module")
 def decode_result():
-    return run_decode()
+    return run_decode(models=("MHA", "GQA", "MQA"))  # the model families' layers: tests/test_decode_models.py
 
 
 def test_decode_rows_are_complete_correct_and_valid(decode_result):
@@ -150,8 +150,10 @@ def test_a_cache_past_the_memory_budget_is_skipped_with_the_reason():
 
 def test_decode_config_names_bad_values():
     resolve = lambda **fields: decode.Config(**fields).resolve("cpu")  # noqa: E731
-    with pytest.raises(ValueError, match=r"models\[1\]: 'MLA' is not one of MHA, GQA, MQA"):
-        resolve(models=("GQA", "MLA"))
+    with pytest.raises(ValueError, match=r"models\[1\]: 'Mamba' is not one of MHA, GQA, MQA, Llama-3"):
+        resolve(models=("GQA", "Mamba"))
+    with pytest.raises(ValueError, match="models: 'MLA' runs none of the kernels \\['sdpa'\\] \\(it runs absorbed, naive\\)"):
+        resolve(models=("GQA", "MLA"), kernels=("sdpa",))
     with pytest.raises(ValueError, match="kernels: 'flash' is run by none of the models"):
         resolve(kernels=("flash",))
     with pytest.raises(ValueError, match=r"contexts\[0\]: 0 is outside"):
@@ -162,8 +164,9 @@ def test_decode_config_names_bad_values():
 
 def test_the_command_line_runs_the_decode_profile(tmp_path, capsys):
     out = tmp_path / "cpu-decode.json"
-    assert main(["--profile", "decode", "--device", "cpu", "--heads", "8", "--seq-lens", "64", "--batch", "1",
-                 "--min-run-time", "0.02", "--repeats", "2", "--quiet", "--out", str(out)]) == 0
+    with quick_yardsticks():  # every model: the family layers and MLA too (at 8 heads of 128)
+        assert main(["--profile", "decode", "--device", "cpu", "--heads", "8", "--seq-lens", "64", "--batch", "1",
+                     "--min-run-time", "0.02", "--repeats", "2", "--quiet", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "tok/s" in printed and "Read bandwidth" in printed
     assert render.check_file(out)["problems"] == [] and main(["--validate", str(out)]) == 0
@@ -205,13 +208,15 @@ def test_a_model_is_one_record_and_the_sweep_uses_only_the_cache_contract(monkey
         return grouped.reference(module, x0, cached, context)
 
     monkeypatch.setitem(decode.MODELS, "toy", decode.Model(("matmul",), build, grouped.entries, reference,
-                                                           positions_read=lambda module, context: context + 1))
-    result = run_decode(models=("toy", "MQA"), batches=(1,), kernels=("matmul",))
+                                                           positions_read=lambda context: context + 1))
+    with quick_yardsticks():
+        result = run_decode(models=("toy", "MQA"), batches=(1,), kernels=("matmul",))
     rows = result["decode"]["rows"]
     assert [(r["model"], r["context"]) for r in rows] == [("toy", 64), ("toy", 128), ("MQA", 64), ("MQA", 128)]
     assert all(r["status"] == "ok" and r["correct"] is True for r in rows) and checks == [64, 128]
     assert render.validate_result(result) == []
     wrong = decode.Model(("matmul",), build, grouped.entries, lambda *args: grouped.reference(*args) + 1)
     monkeypatch.setitem(decode.MODELS, "toy", wrong)
-    rows = run_decode(models=("toy",), batches=(1,), contexts=(64,), kernels=("matmul",))["decode"]["rows"]
+    with quick_yardsticks():
+        rows = run_decode(models=("toy",), batches=(1,), contexts=(64,), kernels=("matmul",))["decode"]["rows"]
     assert rows[0]["correct"] is False and rows[0]["reason"] == "output differs from the float64 reference"

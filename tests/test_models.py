@@ -16,10 +16,8 @@ import torch
 
 from attention.causal.gqa import KVCache, SlidingWindowKVCache
 from attention.models import MODELS, ModelAttention
-from attention.models.gemma3 import Gemma3RMSNorm
 from attention.models.llama import rotary_cos_sin
-from attention.models.llama4 import Llama4TextAttention
-from attention.reference import reference_model_attention, rope_inverse_frequencies
+from attention.reference import model_reference_kwargs, reference_model_attention
 from tests.helpers import requires_cuda, tolerance
 
 transformers = pytest.importorskip("transformers")
@@ -118,19 +116,7 @@ def layer_pair(name, layer_idx):
 
 def reference_kwargs(module, length=T):
     """`reference_model_attention`'s keywords for `module` over `length` positions, from the layer's attributes."""
-    parameters = module.rope_parameters
-    rope = None if parameters is None else rope_inverse_frequencies(module.head_dim, parameters["rope_theta"], parameters)
-    q_norm = getattr(module, "q_norm", None)
-    temperature = None
-    if getattr(module, "attn_temperature_tuning", False):  # Llama 4's NoPE layers (https://arxiv.org/abs/2501.19399)
-        positions = torch.arange(length, dtype=torch.float64)
-        temperature = torch.log1p(torch.floor((positions + 1) / module.floor_scale)) * module.attn_scale + 1
-    return dict(head_dim=module.head_dim, scale=module.scaling, rope=rope,
-                interleaved=isinstance(module, Llama4TextAttention), qk_norm=module.qk_norm,
-                norm_eps=getattr(q_norm, "variance_epsilon", getattr(q_norm, "eps", getattr(module, "norm_eps", None))),
-                norm_offset=1.0 if isinstance(q_norm, Gemma3RMSNorm) else 0.0, window=module.sliding_window,
-                chunk=getattr(module, "attention_chunk_size", None), softcap=getattr(module, "attn_logit_softcapping", None),
-                query_temperature=temperature)
+    return model_reference_kwargs(module, torch.arange(length))
 
 
 def random_input(module, dtype=torch.float64, seed=1):

@@ -18,6 +18,7 @@ A model is a `Model` record: a family adds its layers as one line in `MODELS`.
 import dataclasses
 import math
 import statistics
+from types import SimpleNamespace
 from typing import Annotated, Callable, NamedTuple
 
 import torch
@@ -27,7 +28,11 @@ from attention.bench.format import collapsed, number, table, title_suffix
 from attention.bench.results import (config_problems, disordered, mismatches, BYTES, MAX_ROWS, POSITIVE, RATE, SHARE, field_rules, integer, list_of, new_row,
                                      nullable, number as finite, one_of, record, rule_of, text)
 from attention.causal.gqa import DECODE_KERNELS, GroupedQueryAttention
-from attention.reference import canonical_weights, kv_heads_state, reference_kernel
+from attention.models import MODELS as FAMILIES
+from attention.models.deepseek_v3 import LATENT_NORM_EPS, PUBLISHED_CONFIGS, DeepseekV3Attention, latent_attention_flops
+from attention.models.published import PUBLISHED
+from attention.reference import (canonical_weights, kv_heads_state, model_reference_kwargs, reference_kernel,
+                                 reference_latent_attention, reference_model_attention)
 
 NAME = "decode"
 KERNELS = tuple(kernel for kernel in DECODE_KERNELS if kernel != "auto")  # "auto" picks one of these per call
@@ -54,9 +59,11 @@ class Model(NamedTuple):
     * `reference(module, x0, cached, context) -> (1, hidden_size)` float64: batch element 0's step from the
       module's weights (as rounded to the run's dtype), its new token `x0` `(1, 1, hidden_size)` and `cached`,
       what the sweep gave `update` for it (`[(1, heads, context, *dims), ...]`): the check of every row.
-    * `positions_read(module, context)`: cached positions a step reads, itself included (a window reads fewer).
+    * `positions_read(context)`: cached positions a step reads, itself included (a window reads fewer); the
+      sweep checks it against the cache's `nbytes`, the validator recomputes it.
     * `flops(row, element_size)`: the step's useful FLOPs from the row's own numbers (the validator recomputes
       them the same way).
+    * `step_bytes(module, batch, positions)`: what a step allocates beyond the cache, for the memory budget.
     * `check(config)`: raise `ValueError` where `config` cannot build this model (before anything runs).
     """
 
@@ -64,9 +71,10 @@ class Model(NamedTuple):
     build: Callable
     entries: Callable
     reference: Callable
-    positions_read: Callable = lambda module, context: context + 1
+    positions_read: Callable = lambda context: context + 1
     flops: Callable = step_flops
     check: Callable = lambda config: None
+    step_bytes: Callable = lambda module, batch, positions: 0
 
 
 # --- Multi-head, grouped-query and multi-query attention (`attention.causal.gqa`) -----------------------------------
@@ -102,15 +110,100 @@ def grouped_reference(module, x0, cached, context):
     return out.transpose(1, 2).reshape(1, H * D) @ weights["out.weight"].T + weights["out.bias"]  # (1, d_model)
 
 
+# --- Layers of current open models (`attention.models`), at the config's sizes -------------------------------------
+
+def randomised(module, seed):
+    """`module` with every parameter drawn from `seed`: weights as `nn.Linear` draws them, norms and sinks in ±1."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            bound = 1 / math.sqrt(parameter.shape[-1]) if parameter.dim() > 1 else 1.0
+            parameter.copy_((torch.rand(parameter.shape, generator=generator) * 2 - 1) * bound)
+    return module
+
+
+def family(published, layer_idx, kernel):
+    """Layer `layer_idx` of `attention.models.published.PUBLISHED[published]` (its window, norms, scale, RoPE, sinks)
+    at the config's `num_heads` query heads of `head_dim`, the published query heads per K/V head, and hidden size
+    `num_heads * head_dim`; `kernel` names the attention its forward runs."""
+    base = PUBLISHED[published]["config"]
+    group = base["num_attention_heads"] // base["num_key_value_heads"]
+
+    def sized(config):
+        if config.num_heads % group:
+            raise ValueError(f"num_heads must be divisible by {group} for {published}, got num_heads={config.num_heads}")
+        return base | dict(num_attention_heads=config.num_heads, num_key_value_heads=config.num_heads // group,
+                           head_dim=config.head_dim, hidden_size=config.num_heads * config.head_dim)
+
+    def build(config, kernel):
+        module = randomised(FAMILIES[base["model_type"]].from_config(sized(config), layer_idx), config.seed)
+        module.num_heads, module.num_kv_heads = module.num_attention_heads, module.num_key_value_heads  # the row's names
+        return module, module.hidden_size
+
+    with torch.device("meta"):  # the layer's window: a property of the published model, not of the sizes
+        window = FAMILIES[base["model_type"]].from_config(sized(SimpleNamespace(num_heads=group, head_dim=8)),
+                                                          layer_idx).sliding_window
+    return Model((kernel,), build, lambda module: [(module.num_kv_heads, module.head_dim)] * 2, family_reference,
+                 lambda context: min(context + 1, window or context + 1), check=sized)
+
+
+def family_reference(module, x0, cached, context):
+    """float64 step of a model family's layer (`attention.reference.reference_model_attention` over the cached past)."""
+    state = {name: tensor.to("cpu") for name, tensor in module.state_dict().items()}
+    out, _ = reference_model_attention(x0.cpu(), state, past_keys=cached[0].cpu(), past_values=cached[1].cpu(),
+                                       **model_reference_kwargs(module, torch.arange(context, context + 1)))
+    return out[0]  # (1, hidden_size)
+
+
+def latent_config(num_heads, head_dim):
+    """DeepSeek-V3's attention at `num_heads` heads of `head_dim` (hidden size `num_heads * head_dim`), its other widths
+    in units of its head size 128: latent 4 (512), rotary key 1/2 (64), compressed query 12 (1536)."""
+    return PUBLISHED_CONFIGS["DeepSeek-V3"] | dict(
+        hidden_size=num_heads * head_dim, num_attention_heads=num_heads, q_lora_rank=12 * head_dim,
+        kv_lora_rank=4 * head_dim, qk_nope_head_dim=head_dim, qk_rope_head_dim=head_dim // 2, v_head_dim=head_dim)
+
+
+def latent_build(config, kernel):
+    module = DeepseekV3Attention.from_config(latent_config(config.num_heads, config.head_dim), path=kernel)
+    module.num_kv_heads, module.head_dim = 1, config.head_dim  # one latent per position, read by every head
+    return randomised(module, config.seed), module.hidden_size
+
+
+def latent_reference(module, x0, cached, context):
+    """float64 step of MLA (`attention.reference.reference_latent_attention` over the cached latents and rotary keys)."""
+    c = latent_config(module.num_heads, module.head_dim)
+    state = {name: tensor.to("cpu") for name, tensor in module.state_dict().items()}
+    out, _ = reference_latent_attention(x0.cpu(), state, c["num_attention_heads"], c["qk_nope_head_dim"],
+                                        c["qk_rope_head_dim"], c["v_head_dim"], c["rope_theta"], c["rope_scaling"],
+                                        norm_eps=LATENT_NORM_EPS, past_latent=cached[0][:, 0].cpu(),
+                                        past_rope_keys=cached[1][:, 0].cpu())
+    return out[0]  # (1, hidden_size)
+
+
+def latent_check(config):
+    if config.head_dim % 4:
+        raise ValueError(f"head_dim must be divisible by 4 for MLA (rotary key head_dim / 2, in pairs), got {config.head_dim}")
+
+
+MLA = Model(("absorbed", "naive"), latent_build, lambda module: [(1, module.kv_lora_rank), (1, module.qk_rope_head_dim)],
+            latent_reference, flops=lambda row, element: row["batch"] * latent_attention_flops(
+                latent_config(row["num_heads"], row["head_dim"]), 1, row["positions_read"], row["kernel"]),
+            check=latent_check, step_bytes=lambda module, batch, positions: 0 if module.path == "absorbed" else (
+                # the naive step's expanded keys and values, and their copies: about 5 head sizes per head and position
+                batch * positions * module.num_heads * 5 * module.head_dim * module.kv_b_proj.weight.element_size()))
+
 # name -> Model: the row's `model`. 32 query heads of 128 (the default config): Llama 2 7B's and Llama 3 8B's
-# attention; GQA's 8:1 is Llama 2 70B's and Llama 3 70B's.
-MODELS = {"MHA": grouped(1), "GQA": grouped(8), "MQA": grouped(None)}
+# attention; GQA's 8:1 is Llama 2 70B's and Llama 3 70B's. The model families' layers take those sizes too.
+MODELS = {"MHA": grouped(1), "GQA": grouped(8), "MQA": grouped(None),
+          "Llama-3": family("Llama 3.1 8B", 0, "sdpa"), "Gemma-3-local": family("Gemma 3 27B", 0, "sdpa"),
+          "gpt-oss-local": family("gpt-oss-120b", 0, "matmul"), "gpt-oss-global": family("gpt-oss-120b", 1, "matmul"),
+          "MLA": MLA}
 
 
 @dataclasses.dataclass
 class Config:
-    """What to measure (see the module docstring): `num_heads` query heads of `head_dim` size the `MODELS` that
-    take their sizes from the config (MHA, GQA, MQA)."""
+    """What to measure (see the module docstring): `num_heads` query heads of `head_dim` size every model in `MODELS`;
+    `kernels` filters the kernels each model runs."""
 
     OPTIONS = {"seq_lens": "contexts", "batch": "batches"}  # the command line's --seq-lens and --batch
 
@@ -119,7 +212,8 @@ class Config:
     models: Annotated[tuple, list_of(lambda name, where: one_of(*MODELS)(name, where), 64)] = tuple(MODELS)
     contexts: Annotated[tuple, list_of(POSITIVE, 64)] = (1024, 2048, 4096, 8192, 16384, 32768)
     batches: Annotated[tuple, list_of(POSITIVE, 16)] = (1, 8)
-    kernels: Annotated[tuple, list_of(text(r"[a-z_]+", "a kernel name", 40), 16)] = KERNELS
+    kernels: Annotated[tuple, list_of(text(r"[a-z_]+", "a kernel name", 40), 16)] = tuple(dict.fromkeys(
+        kernel for model in MODELS.values() for kernel in model.kernels))
     seed: Annotated[int, integer(0, 2**63)] = 0
     min_run_time: Annotated[float, finite(0, 1e4)] = 0.5
     min_repeats: Annotated[int, POSITIVE] = 5
@@ -133,9 +227,12 @@ class Config:
                                        batches=tuple(self.batches), kernels=tuple(self.kernels),
                                        memory_budget_bytes=self.memory_budget_bytes or core.memory_budget(device))
         problems = config_problems(resolved)
-        kernels = {kernel for name in resolved.models if name in MODELS for kernel in MODELS[name].kernels}
-        problems += [f"kernels: {kernel!r} is run by none of the models {list(resolved.models)}"
+        kernels = {kernel for model in MODELS.values() for kernel in model.kernels}
+        problems += [f"kernels: {kernel!r} is run by none of the models {list(MODELS)}"
                      for kernel in resolved.kernels if kernel not in kernels]
+        problems += [f"models: {name!r} runs none of the kernels {list(resolved.kernels)} (it runs "
+                     f"{', '.join(MODELS[name].kernels)})" for name in resolved.models
+                     if name in MODELS and not set(MODELS[name].kernels) & set(resolved.kernels)]
         problems += [f"{name}: must not be empty" for name in ("models", "contexts", "batches", "kernels")
                      if not getattr(resolved, name)]
         if problems:
@@ -149,9 +246,9 @@ class Row(core.Measured):
     """One model, kernel, batch size and context: one decode step."""
 
     model: Annotated[str, lambda name, where: one_of(*MODELS)(name, where), "The attention layer (`MODELS`): `MHA`, "
-                     "`GQA` or `MQA` at the config's sizes, or a model family's layer."]
+                     "`GQA`, `MQA`, a model family's layer or `MLA`, at the config's sizes."]
     kernel: Annotated[str, text(r"[a-z_]+", "a kernel name", 40), "The decode kernel the module ran: `sdpa` or `matmul` "
-                      "(`attention.causal.gqa.DECODE_KERNELS`), or the model's own."]
+                      "(`attention.causal.gqa.DECODE_KERNELS`, or what a family's layer runs), MLA's `absorbed` or `naive`."]
     batch: Annotated[int, POSITIVE, "Sequences decoded together: one new token each per step."]
     context: Annotated[int, integer(), "Positions already in the cache when the step runs (the notation page's "
                        "`context_length` is the longest a module accepts)."]
@@ -159,12 +256,13 @@ class Row(core.Measured):
     num_kv_heads: Annotated[int | None, POSITIVE, "Key/value heads: what the cache holds per position."]
     head_dim: Annotated[int | None, POSITIVE, "Size of one head."]
     positions_read: Annotated[int, integer(), "Cached positions the step reads, its own included: `context + 1`, "
-                              "fewer for a sliding window."]
+                              "at most the window for a sliding-window layer."]
     tokens_per_s: Annotated[float | None, RATE, "`batch / step time`: new tokens per second, one layer."]
     cache_bytes_per_token: Annotated[int, BYTES, "Bytes one position takes in one sequence's cache."]
     cache_bytes_read: Annotated[int | None, BYTES, "`batch * positions_read * cache_bytes_per_token`: cache read."]
     flops: Annotated[int | None, integer(), "The step's useful FLOPs: `2 * batch * parameters` (the projections) plus "
-                     "`4 * batch * num_heads * positions_read * head_dim` (scores and weighted values)."]
+                     "`4 * batch * num_heads * positions_read * head_dim` (scores and weighted values); MLA: `batch` "
+                     "times `attention.models.deepseek_v3.latent_attention_flops` of its path."]
     weight_bytes: Annotated[int | None, BYTES, "The layer's parameters, read once per step."]
     bytes_read: Annotated[int | None, BYTES, "`cache_bytes_read + weight_bytes`: what the step must read at least."]
     gbps: Annotated[float | None, RATE, "`bytes_read / step time`, in GB/s (10^9 bytes)."]
@@ -228,16 +326,24 @@ def kernel_rows(config, subject, x, envelope, yardstick):
     base = dict(model=name, kernel=kernel, batch=batch, cache_bytes_per_token=per_token, status="ok",
                 tolerance=metrics.TOLERANCES[envelope.result["dtype"]],
                 **{key: getattr(module, key, None) for key in ("num_heads", "num_kv_heads", "head_dim")})
-    reason = core.over_budget((batch + 1) * (longest + 1) * per_token, config.memory_budget_bytes,
-                              f"a cache (B={batch}, {longest + 1} positions, and batch element 0's copy for the check)")
-    if reason:
+    def budget(context):
+        return core.over_budget((batch + 1) * (longest + 1) * per_token + model.step_bytes(module, batch, context + 1),
+                                config.memory_budget_bytes, f"a cache (B={batch}, {longest + 1} positions, and batch "
+                                "element 0's copy for the check) and the step's own tensors")
+    if budget(config.contexts[0]):
         for context in config.contexts:
-            yield new_row(Row, **base | dict(context=context, positions_read=model.positions_read(module, context),
-                                             status="skipped", reason=reason))
+            yield new_row(Row, **base | dict(context=context, positions_read=model.positions_read(context),
+                                             status="skipped", reason=budget(context)))
         return
     cache, kept, filled = module.new_cache(batch, longest + 1), [[] for _ in shapes], 0
+    if cache.nbytes != batch * model.positions_read(longest) * per_token:  # what `entries` and `positions_read` say
+        raise ValueError(f"{name}: the cache holds {cache.nbytes} bytes, not batch x positions_read x entries' bytes")
     generator = torch.Generator().manual_seed(config.seed + 2)
     for context in config.contexts:
+        if budget(context):
+            yield new_row(Row, **base | dict(context=context, positions_read=model.positions_read(context),
+                                             status="skipped", reason=budget(context)))
+            continue
         cache.rewind(filled)
         for start in range(filled, context, 256):  # chunks: a chunk's mask is (chunk, positions)
             chunk = [torch.randn(batch, shape[0], min(256, context - start), *shape[1:], generator=generator)
@@ -246,7 +352,7 @@ def kernel_rows(config, subject, x, envelope, yardstick):
             for past, tensor in zip(kept, chunk):
                 past.append(tensor[:1].to(envelope.dtype))  # batch element 0, as the cache holds it
         filled = context
-        row = new_row(Row, **base, context=context, positions_read=model.positions_read(module, context),
+        row = new_row(Row, **base, context=context, positions_read=model.positions_read(context),
                       weight_bytes=sum(p.nbytes for p in module.parameters()))
         row.update(cache_bytes_read=batch * row["positions_read"] * per_token, flops=model.flops(row, element))
         row["bytes_read"] = row["cache_bytes_read"] + row["weight_bytes"]
@@ -285,8 +391,9 @@ def validate(section, result):
     element = torch.empty((), dtype=core.DTYPES.get(result["dtype"], torch.float32)).element_size()
     for index, row in enumerate([] if problems else section["rows"]):
         where = f"decode.rows[{index}] ({row['model']}, {row['kernel']}, B={row['batch']}, context={row['context']})"
-        if not 0 < row["positions_read"] <= row["context"] + 1:
-            problems.append(f"{where}: positions_read {row['positions_read']} is outside 1 .. context + 1")
+        if row["positions_read"] != MODELS[row["model"]].positions_read(row["context"]):
+            problems.append(f"{where}: positions_read {row['positions_read']} is not the model's "
+                            f"{MODELS[row['model']].positions_read(row['context'])} at this context")
         if row["status"] != "ok":
             continue
         if disordered(where, row):
@@ -316,16 +423,16 @@ def decode_best(result, model, batch, context):
     return min(decode_rows(result, batch, model, None, context), key=lambda row: row["ms_median"], default=None)
 
 
-def axes(result):
-    rows = result[NAME]["rows"]
+def axes(result, models=None):
+    rows = [row for row in result[NAME]["rows"] if models is None or row["model"] in models]
     return (list(dict.fromkeys(r["model"] for r in rows)), list(dict.fromkeys(r["kernel"] for r in rows)),
             sorted({r["batch"] for r in rows}), sorted({r["context"] for r in rows}))
 
 
-def decode_table(result, batch):
+def decode_table(result, batch, models=None):
     """Tokens per second and share of the read bandwidth per model and kernel (rows) and context (columns), at one
-    batch size; skipped or failed rows say so, wrong ones WRONG."""
-    models, kernels, _, contexts = axes(result)
+    batch size, of `models` (default all); skipped or failed rows say so, wrong ones WRONG."""
+    models, kernels, _, contexts = axes(result, models)
     cells = {(r["model"], r["kernel"], r["context"]): r for r in result[NAME]["rows"] if r["batch"] == batch}
 
     def cell(row):
@@ -339,10 +446,10 @@ def decode_table(result, batch):
                  "ll" + "r" * len(contexts))
 
 
-def decode_summary_table(result, contexts=None):
-    """Per batch and model: the fastest kernel's tokens/s and bandwidth share at `contexts` (default all), and the
-    cache bytes per token."""
-    models, _, batches, measured = axes(result)
+def decode_summary_table(result, contexts=None, models=None):
+    """Per batch and model (`models`, default all): the fastest kernel's tokens/s and bandwidth share at `contexts`
+    (default all), and the cache bytes per token."""
+    models, _, batches, measured = axes(result, models)
     contexts = [c for c in contexts or measured if c in measured]
     first = {r["model"]: r for r in reversed(result[NAME]["rows"])}
 
@@ -355,12 +462,12 @@ def decode_summary_table(result, contexts=None):
                  "rlrr" + "r" * len(contexts))
 
 
-def plot_decode(result, metric="tokens_per_s"):
+def plot_decode(result, metric="tokens_per_s", models=None):
     """`metric` (tokens_per_s or share_of_paired_bandwidth) against context, a panel per batch size, a colour per
-    model, solid for the `matmul` kernel and dashed for the others."""
+    model (`models`, default all), solid for the `matmul` kernel and dashed for the others."""
     from matplotlib.figure import Figure
 
-    models, kernels, batches, _ = axes(result)
+    models, kernels, batches, _ = axes(result, models)
     fig = Figure(figsize=(5.2 * len(batches), 4.2), layout="constrained")
     panels = fig.subplots(1, len(batches), squeeze=False)[0]
     for ax, batch in zip(panels, batches):
@@ -410,7 +517,7 @@ def tables(result):
 def page(result, images):
     section = result[NAME]
     return "\n\n".join([
-        f"The fastest kernel per model, {section['num_heads']} query heads of {section['head_dim']} (MHA, GQA, MQA), one "
-        "attention layer; each cell: tokens per second and the share of the read bandwidth measured beside the row:",
+        f"The fastest kernel per model, {section['num_heads']} query heads of {section['head_dim']} (MHA, GQA, MQA, the "
+        "model families' layers and MLA at those sizes), one attention layer; each cell: tokens per second and the share of the read bandwidth measured beside the row:",
         decode_summary_table(result), *images.values(), bandwidth_note(result)] + [
         collapsed(f"Batch {batch}: every kernel and context", decode_table(result, batch)) for batch in axes(result)[2]])

@@ -1,0 +1,101 @@
+"""The decode sweep's rows of the model families' layers and of MLA (`attention/bench/sweeps/decode.py`).
+
+A tiny run (8 query heads of 16, contexts of 64 and 1,100: past Gemma 3's window of 1,024 and gpt-oss's of
+128) must give every new model's rows checked correct against the float64 reference over the cached past,
+with the positions, bytes and FLOPs their definitions give; the validator must refuse a row that claims
+otherwise.
+"""
+
+import copy
+
+import pytest
+import torch
+from bench_tables import TINY_DECODE, quick_yardsticks
+
+from attention.bench import core, profiles, render
+from attention.bench.sweeps import decode
+from attention.models.deepseek_v3 import latent_attention_flops
+from attention.reference import model_reference_kwargs, reference_model_attention
+
+NEW = ("Llama-3", "Gemma-3-local", "gpt-oss-local", "gpt-oss-global", "MLA")
+WINDOWS = {"Gemma-3-local": 1024, "gpt-oss-local": 128}  # the published models' windows
+
+
+def run_decode(**config):
+    with quick_yardsticks():
+        return core.run(profiles.plan("decode", TINY_DECODE | dict(contexts=(64, 1100), batches=(2,)) | config), "cpu",
+                        progress=False)
+
+
+@pytest.fixture(scope="module")
+def result():
+    return run_decode(models=NEW)
+
+
+def test_every_new_model_gives_correct_valid_rows(result):
+    rows = result["decode"]["rows"]
+    assert [(r["model"], r["kernel"]) for r in rows[::2]] == [
+        ("Llama-3", "sdpa"), ("Gemma-3-local", "sdpa"), ("gpt-oss-local", "matmul"), ("gpt-oss-global", "matmul"),
+        ("MLA", "absorbed"), ("MLA", "naive")]
+    assert all(r["status"] == "ok" and r["correct"] is True for r in rows), [r["reason"] for r in rows]
+    assert render.validate_result(result) == []
+    assert all(r["sdpa_backends"] != ["n/a"] for r in rows if r["kernel"] in ("sdpa", "naive"))  # naive runs SDPA
+    assert all(r["sdpa_backends"] == ["n/a"] for r in rows if r["kernel"] in ("matmul", "absorbed"))
+
+
+def test_positions_bytes_and_flops_follow_from_the_layers(result):
+    for row in result["decode"]["rows"]:
+        window = WINDOWS.get(row["model"])
+        assert row["positions_read"] == min(row["context"] + 1, window or row["context"] + 1)
+        module, _ = decode.MODELS[row["model"]].build(decode.Config(**TINY_DECODE), row["kernel"])
+        assert row["weight_bytes"] == sum(p.numel() for p in module.parameters()) * 4
+        if row["model"] == "MLA":  # the latent (4 head sizes) and the rotary key (half a head size) per position
+            assert (row["num_kv_heads"], row["cache_bytes_per_token"]) == (1, (4 * 16 + 8) * 4)
+            expected = 2 * latent_attention_flops(decode.latent_config(8, 16), 1, row["positions_read"], row["kernel"])
+        else:
+            assert row["cache_bytes_per_token"] == 2 * module.num_key_value_heads * 16 * 4
+            expected = 2 * 2 * row["weight_bytes"] // 4 + 4 * 2 * 8 * row["positions_read"] * 16
+        assert row["flops"] == expected
+        assert row["cache_bytes_read"] == 2 * row["positions_read"] * row["cache_bytes_per_token"]
+    windowed = {r["model"]: r["positions_read"] for r in result["decode"]["rows"] if r["context"] == 1100}
+    assert windowed == {"Llama-3": 1101, "Gemma-3-local": 1024, "gpt-oss-local": 128, "gpt-oss-global": 1101,
+                        "MLA": 1101}
+
+
+@pytest.mark.parametrize("model", ["gpt-oss-local", "MLA"])
+@pytest.mark.parametrize("field", ["positions_read", "flops"])
+def test_the_validator_refuses_a_wrong_count(result, model, field):
+    tampered = copy.deepcopy(result)
+    index, row = next((i, r) for i, r in enumerate(tampered["decode"]["rows"]) if r["model"] == model and r["context"] == 1100)
+    if field == "positions_read":  # the unwindowed count (MLA: one position short), every number derived from it redone
+        row["positions_read"] = 1101 if model == "gpt-oss-local" else 1100
+        row["cache_bytes_read"] = row["batch"] * row["positions_read"] * row["cache_bytes_per_token"]
+        row["bytes_read"] = row["cache_bytes_read"] + row["weight_bytes"]
+        row["gbps"] = row["bytes_read"] / row["ms_median"] * 1e3 / 1e9
+        row["share_of_paired_bandwidth"] = row["gbps"] / row["bandwidth_gbps_paired"]
+    else:  # the default definition's FLOPs, not the model's
+        row["flops"] = decode.step_flops(row, 4) + (0 if model == "MLA" else 1)
+    assert any(f"decode.rows[{index}]" in problem and field in problem for problem in render.validate_result(tampered))
+
+
+def test_a_model_whose_window_disagrees_with_its_cache_is_refused(monkeypatch):
+    gemma = decode.MODELS["Gemma-3-local"]
+    monkeypatch.setitem(decode.MODELS, "Gemma-3-local", gemma._replace(positions_read=lambda context: context + 1))
+    with pytest.raises(ValueError, match="Gemma-3-local: the cache holds .* not batch x positions_read"):
+        run_decode(models=("Gemma-3-local",))
+
+
+def test_the_reference_over_a_cached_past_is_the_full_reference_at_the_last_position():
+    """What the sweep checks against: `reference_model_attention` given the past keys and values as a cache holds
+    them equals its own full pass at the new position, a window past its length included."""
+    module, hidden = decode.MODELS["Gemma-3-local"].build(decode.Config(**TINY_DECODE), "sdpa")
+    module = module.to(torch.float64)
+    x = torch.randn(1, 1030, hidden, dtype=torch.float64)  # past the window of 1,024
+    with torch.no_grad():
+        _, past_keys, past_values = module.qkv(x[:, :-1], 0)  # (1, H_kv, 1029, D): normed and rotated, as cached
+    state = module.state_dict()
+    full, _ = reference_model_attention(x, state, **model_reference_kwargs(module, torch.arange(1030)))
+    step, weights = reference_model_attention(x[:, -1:], state, past_keys=past_keys, past_values=past_values,
+                                              **model_reference_kwargs(module, torch.arange(1029, 1030)))
+    torch.testing.assert_close(step, full[:, -1:], rtol=1e-10, atol=1e-10)
+    assert weights.shape[-1] == 1030 and (weights[..., :1030 - 1024] == 0).all() and (weights[..., -1024:] > 0).all()
