@@ -585,7 +585,46 @@ show_markdown(
 # %% [markdown]
 # ## Decode step time per layer type
 #
-# **To come from the benchmark's decode sweep.** The time of one decode step of each kind of layer
-# (global, local with its window or chunk, with sinks, with a soft-cap) from 1k to 32k context will be read
-# from the benchmark's decode results (`docs/results/decode/`) once the decode sweep records these layers.
-# No such run is recorded yet, so this page shows no timing: speed is measured, not asserted.
+# The benchmark's decode sweep (`attention/bench/sweeps/decode.py`) times one decode step of one layer
+# of each kind, built by `from_config` from the published configurations above at the sweep's head
+# count and size, with each model's own query heads per K/V head, window, norms, scale, RoPE and
+# sinks: Llama 3.1's global layer (`Llama-3`), Gemma 3 27B's local layer (`Gemma-3-local`), and
+# gpt-oss-120b's local and global layers (`gpt-oss-local`, `gpt-oss-global`), both with sinks; beside
+# them, the plain `GQA` layer. Each step is checked against `reference_model_attention` over what the
+# cache holds. The runs recorded in `docs/results/decode/`:
+
+# %% tags=["hide-input"]
+from attention.bench import render
+
+LAYER_ROWS = ["Llama-3", "Gemma-3-local", "gpt-oss-local", "gpt-oss-global"]  # the decode sweep's names
+decode_runs = [(path, render.load_result(path)) for path in render.find_results(render.RESULTS_DIR / "decode")]
+layer_runs = [(path, result) for path, result in decode_runs
+              if any(render.decode_rows(result, model=model) for model in LAYER_ROWS)]
+if not layer_runs:
+    held = "; ".join(f"`{path.name}` holds rows of {', '.join(sorted({r['model'] for r in result['decode']['rows']}))}"
+                     for path, result in decode_runs) or "no decode results file is recorded"
+    show_markdown(f"**Not recorded yet.** No recorded decode run has rows of these layers ({held}), so this page "
+                  "shows no timing for them: speed is measured, not asserted. The decode profile records them: "
+                  "`python -m attention.bench --profile decode --out docs/results/decode/<device>-decode.json`.")
+for path, result in layer_runs:
+    show_markdown(f"`docs/results/decode/{path.name}`: {render.run_line(result)} One attention layer of "
+                  f"{result['decode']['num_heads']} query heads of {result['decode']['head_dim']} (windows: Gemma 3 "
+                  f"{PUBLISHED['Gemma 3 27B']['config']['sliding_window']:,} positions, gpt-oss "
+                  f"{PUBLISHED['gpt-oss-120b']['config']['sliding_window']:,}), the fastest "
+                  "kernel per layer (each layer runs its own: `sdpa`, or `matmul` where sinks need the written-out "
+                  "softmax); each cell: tokens per second and the share of the read bandwidth measured beside it.\n\n"
+                  + render.decode_summary_table(result, contexts=[1024, 4096, 16384, 32768], models=["GQA", *LAYER_ROWS]))
+    show(render.plot_decode(result, "tokens_per_s", models=["GQA", *LAYER_ROWS]))
+    at_16k = {model: render.decode_best(result, model, 1, 16384) for model in LAYER_ROWS}
+    measured = {model: row for model, row in at_16k.items() if row}
+    if measured:
+        show_markdown("At a 16,384-position context and batch 1: " + "; ".join(
+            f"{model} {row['ms_median']:.2f} ms per step ({row['tokens_per_s']:,.0f} tokens/s, reading "
+            f"{row['positions_read']:,} positions, {row['share_of_paired_bandwidth']:.0%} of the read bandwidth)"
+            for model, row in measured.items()) + ".")
+    local, full = at_16k["gpt-oss-local"], at_16k["gpt-oss-global"]
+    if local and full:
+        show_markdown(f"gpt-oss's local layer reads {local['cache_bytes_read'] / 2**20:,.1f} MiB of cache per step "
+                      f"where its global layer reads {full['cache_bytes_read'] / 2**20:,.1f} MiB, and runs "
+                      f"{local['tokens_per_s'] / full['tokens_per_s']:.1f}x its tokens per second: the weights, "
+                      f"{local['weight_bytes'] / 2**20:,.0f} MiB read at every step, do not shrink with the window.")
