@@ -315,12 +315,14 @@ show_markdown("For real models (Llama, Mistral, Qwen, Gemma) at their published 
 # 32 (MHA), 4 (GQA, 8 query heads per K/V head) and 1 (MQA) K/V heads, batch 1 and 8, over
 # caches of 1,024 to 32,768 positions, each step checked against a float64 reference; and beside
 # each row, a sum over 512 MiB gives the read bandwidth of the same moment. Tokens per second are
-# for this one layer: a model's step runs every layer (and its MLPs), so divide accordingly. The
-# recorded run:
+# for this one layer: a model's step runs every layer (and its MLPs), so divide accordingly. (The
+# profile also steps current open models' layers and multi-head latent attention; their pages show
+# those rows.) The recorded run:
 
 # %% tags=["hide-input"]
 from attention.bench import render
 
+GROUPED = ["MHA", "GQA", "MQA"]  # the profile's other rows (model families' layers, MLA) are on their own pages
 decode_runs = render.find_results(render.RESULTS_DIR / "decode")
 decode_result = render.load_result(decode_runs[0])
 show_markdown(f"`docs/results/decode/{decode_runs[0].name}`: {decode_result['provenance']['device']['name']}, "
@@ -329,9 +331,9 @@ show_markdown(f"`docs/results/decode/{decode_runs[0].name}`: {decode_result['pro
 show_markdown("**One decode step of one attention layer, per batch size, model and cache length: the fastest "
               "kernel's tokens per second, its share of the read bandwidth measured beside it, and which kernel "
               "that was (`matmul`: the grouped matmuls; `sdpa`: SDPA)**\n\n"
-              + render.decode_summary_table(decode_result, contexts=[1024, 8192, 16384, 32768]))
-show(render.plot_decode(decode_result, "tokens_per_s"))
-show(render.plot_decode(decode_result, "share_of_paired_bandwidth"))
+              + render.decode_summary_table(decode_result, contexts=[1024, 8192, 16384, 32768], models=GROUPED))
+show(render.plot_decode(decode_result, "tokens_per_s", models=GROUPED))
+show(render.plot_decode(decode_result, "share_of_paired_bandwidth", models=GROUPED))
 
 # %% [markdown]
 # What the run says, read from its rows:

@@ -416,12 +416,62 @@ show_markdown(
     f"cache. FLOPs and bytes bound the time; which path is faster on a device is for the measured rows below.")
 
 # %% [markdown]
-# ## Measured: decode steps and prefill
+# ## Measured: decode steps
 #
-# <!-- MLA decode rows: filled from the benchmark's decode sweep once a recorded run holds them. -->
-#
-# **Not measured yet.** The benchmark's decode sweep is being rebuilt; MLA's naive and absorbed
-# steps will join it beside MHA, GQA and MQA, at the sweep's contexts and batch sizes (tokens per
-# second, and the share of the read bandwidth measured in the same run), with the prefill time of
-# both paths. This section will show that recorded run, with what it was measured on. Until then,
-# this page quotes no timing.
+# The benchmark's decode sweep (`attention/bench/sweeps/decode.py`) steps one MLA layer on both paths
+# (`MLA` with the kernels `absorbed` and `naive`) beside MHA, GQA and MQA layers of the same query
+# heads, each step checked against `reference_latent_attention` over the cached latents and rotary
+# keys. The MLA layer is DeepSeek-V3's at the sweep's head count and head size: its latent, rotary key
+# and compressed query keep DeepSeek-V3's widths in units of its head size (4, 1/2 and 12 heads of
+# 128). Where the naive step's expanded keys and values would not fit the run's memory budget, the row
+# says "skipped". The runs recorded in `docs/results/decode/`:
+
+# %% tags=["hide-input"]
+from attention.bench import render
+
+decode_runs = [(path, render.load_result(path)) for path in render.find_results(render.RESULTS_DIR / "decode")]
+mla_runs = [(path, result) for path, result in decode_runs if render.decode_rows(result, model="MLA")]
+if not mla_runs:
+    held = "; ".join(f"`{path.name}` holds rows of {', '.join(sorted({r['model'] for r in result['decode']['rows']}))}"
+                     for path, result in decode_runs) or "no decode results file is recorded"
+    show_markdown(f"**Not recorded yet.** No recorded decode run has MLA rows ({held}), so this page quotes no "
+                  "timing: speed is measured, not asserted. The decode profile records them: "
+                  "`python -m attention.bench --profile decode --out docs/results/decode/<device>-decode.json`.")
+for path, result in mla_runs:
+    section = result["decode"]
+    show_markdown(f"`docs/results/decode/{path.name}`: {render.run_line(result)} One attention layer, "
+                  f"{section['num_heads']} query heads of {section['head_dim']}; each cell: tokens per second and the "
+                  "share of the read bandwidth measured beside the row.")
+    for batch in sorted({row["batch"] for row in section["rows"]}):
+        show_markdown(f"**Batch {batch}**\n\n" + render.decode_table(result, batch, models=["MHA", "GQA", "MQA", "MLA"]))
+    show(render.plot_decode(result, "tokens_per_s", models=["GQA", "MQA", "MLA"]))
+    lines = []
+    for batch in (1, 8):
+        absorbed = render.decode_rows(result, batch=batch, model="MLA", kernel="absorbed", context=16384)
+        gqa = render.decode_best(result, "GQA", batch, 16384)
+        if absorbed and gqa:
+            heads = f"{gqa['num_kv_heads']} K/V head" + ("s" if gqa["num_kv_heads"] > 1 else "")
+            lines.append(f"- Batch {batch}, 16,384 positions: the absorbed path runs {absorbed[0]['tokens_per_s']:,.0f} "
+                         f"tokens/s, reading {absorbed[0]['cache_bytes_per_token']:,} bytes of cache per position; GQA "
+                         f"({heads}) {gqa['tokens_per_s']:,.0f} tokens/s with `{gqa['kernel']}`, "
+                         f"reading {gqa['cache_bytes_per_token']:,}: the absorbed path at "
+                         f"{absorbed[0]['tokens_per_s'] / gqa['tokens_per_s']:.2f}x GQA's rate.")
+    pairs = [(absorbed, naive) for absorbed in render.decode_rows(result, model="MLA", kernel="absorbed")
+             for naive in render.decode_rows(result, batch=absorbed["batch"], model="MLA", kernel="naive",
+                                             context=absorbed["context"])]
+    faster = [f"batch {a['batch']} at {a['context']:,}" for a, n in pairs if n["tokens_per_s"] > a["tokens_per_s"]]
+    if pairs:
+        slowdowns = [a["tokens_per_s"] / n["tokens_per_s"] for a, n in pairs]
+        lines.append("- The naive path is faster than the absorbed one " + (
+            f"at {', '.join(faster)}." if faster else
+            f"in none of the {len(pairs)} pairs of batch size and context where both were measured: the absorbed path runs "
+            f"{min(slowdowns):.1f}x to {max(slowdowns):.1f}x its tokens per second."))
+    skipped = [row for row in section["rows"] if row["model"] == "MLA" and row["status"] == "skipped"]
+    if skipped:
+        where = [f"{row['kernel']} batch {row['batch']} at {row['context']:,}" for row in skipped]
+        lines.append(f"- Skipped: {', '.join(where)} ({skipped[0]['reason']}).")
+    show_markdown("\n".join(lines))
+
+# %% [markdown]
+# The prefill time of the two paths (a long chunk at once, where the FLOP counts above favour the
+# naive path) is not measured by the benchmark yet; this page quotes no timing for it.
