@@ -99,3 +99,12 @@ def test_the_reference_over_a_cached_past_is_the_full_reference_at_the_last_posi
                                               **model_reference_kwargs(module, torch.arange(1029, 1030)))
     torch.testing.assert_close(step, full[:, -1:], rtol=1e-10, atol=1e-10)
     assert weights.shape[-1] == 1030 and (weights[..., :1030 - 1024] == 0).all() and (weights[..., -1024:] > 0).all()
+
+
+def test_a_step_past_the_memory_budget_is_skipped_and_the_shorter_ones_run():
+    """The naive MLA step expands every cached latent: its copies count in the budget, context by context."""
+    rows = run_decode(models=("MLA",), memory_budget_bytes=5 * 2**20)["decode"]["rows"]
+    status = {(r["kernel"], r["context"]): r["status"] for r in rows}
+    assert status == {("absorbed", 64): "ok", ("absorbed", 1100): "ok", ("naive", 64): "ok", ("naive", 1100): "skipped"}
+    skipped = next(r for r in rows if r["status"] == "skipped")
+    assert "step's own tensors" in skipped["reason"] and "exceeds the memory budget 5.0 MiB" in skipped["reason"]

@@ -63,7 +63,8 @@ class Model(NamedTuple):
       sweep checks it against the cache's `nbytes`, the validator recomputes it.
     * `flops(row, element_size)`: the step's useful FLOPs from the row's own numbers (the validator recomputes
       them the same way).
-    * `step_bytes(module, batch, positions)`: what a step allocates beyond the cache, for the memory budget.
+    * `step_bytes(module, batch, positions)`: what a step reading `positions` cached positions allocates beyond
+      the cache (its own copies of keys and values), counted in the memory budget: a row past it is skipped.
     * `check(config)`: raise `ValueError` where `config` cannot build this model (before anything runs).
     """
 
@@ -143,8 +144,12 @@ def family(published, layer_idx, kernel):
     with torch.device("meta"):  # the layer's window: a property of the published model, not of the sizes
         window = FAMILIES[base["model_type"]].from_config(sized(SimpleNamespace(num_heads=group, head_dim=8)),
                                                           layer_idx).sliding_window
+    def step_bytes(module, batch, positions):  # matmuls broadcast K/V heads to their query heads: copies of the cache
+        element = module.q_proj.weight.element_size()
+        return 0 if kernel == "sdpa" else 2 * batch * module.num_heads * positions * module.head_dim * element
+
     return Model((kernel,), build, lambda module: [(module.num_kv_heads, module.head_dim)] * 2, family_reference,
-                 lambda context: min(context + 1, window or context + 1), check=sized)
+                 lambda context: min(context + 1, window or context + 1), check=sized, step_bytes=step_bytes)
 
 
 def family_reference(module, x0, cached, context):
@@ -327,7 +332,8 @@ def kernel_rows(config, subject, x, envelope, yardstick):
                 tolerance=metrics.TOLERANCES[envelope.result["dtype"]],
                 **{key: getattr(module, key, None) for key in ("num_heads", "num_kv_heads", "head_dim")})
     def budget(context):
-        return core.over_budget((batch + 1) * (longest + 1) * per_token + model.step_bytes(module, batch, context + 1),
+        return core.over_budget((batch + 1) * (longest + 1) * per_token
+                                + model.step_bytes(module, batch, model.positions_read(context)),
                                 config.memory_budget_bytes, f"a cache (B={batch}, {longest + 1} positions, and batch "
                                 "element 0's copy for the check) and the step's own tensors")
     if budget(config.contexts[0]):
