@@ -75,16 +75,6 @@ def synchronize(device):
         torch.mps.synchronize()
 
 
-def time_first_call(fn, device):
-    """Seconds taken by one call of `fn` (synchronized), and its return value. The first call of a
-    compiled function includes the compilation: call this before any warm-up."""
-    synchronize(device)
-    start = time.perf_counter()
-    result = fn()
-    synchronize(device)
-    return time.perf_counter() - start, result
-
-
 class Timing(NamedTuple):
     """How long to time one measurement: seconds of measurement, blocks at least, seconds of warm-up. A
     sweep's config carries the same three fields, and serves as well."""
