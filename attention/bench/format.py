@@ -38,6 +38,14 @@ def table(header, rows, align=None):
                      + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows])
 
 
+def status_cell(row, text):
+    """A table cell: `text(row)` for a measured row, else why there is no number ("" for no row, "OOM", "skipped",
+    "failed", "incorrect")."""
+    if row is None or row["status"] != "ok":
+        return "" if row is None else "OOM" if row["reason"] == "out of memory" else row["status"]
+    return "incorrect" if row["correct"] is False else text(row)
+
+
 def collapsed(title, body, kind="note"):
     """A collapsed admonition (pymdownx.details) holding `body`."""
     return f'??? {kind} "{title}"\n\n' + textwrap.indent(body, "    ")

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from attention.bench import core, metrics
-from attention.bench.format import collapsed, mebibytes, number, percent, table, title_suffix
-from attention.bench.results import (BYTES, MAX_ROWS, POSITIVE, PROSE, SECONDS, disordered, field_rules, integer, list_of,
-                                     mapping, mismatches, new_row, number as finite, one_of, record, rule_of)
+from attention.bench.format import collapsed, mebibytes, number, percent, status_cell, table, title_suffix
+from attention.bench.results import (BYTES, MAX_ROWS, POSITIVE, PROSE, SECONDS, disordered, field_rules, integer,
+                                     list_of, mapping, mismatches, new_row, number as finite, one_of, record, rule_of)
 from attention.masks import and_masks, bigbird, block_mask, causal, dense_mask, document, sliding_window
 from attention.reference import reference_kernel
 
@@ -229,21 +229,16 @@ def crossover_table(result):
 def block_sparse_table(result, pattern=None):
     """Per pattern and length: both kernels' median time, the speed-up, blocks computed and memory."""
     patterns, parts = (result.get(NAME) or {}).get("patterns", {}), []
-
-    def cell(row, value):
-        if row is None or row["status"] != "ok":
-            return "" if row is None else "OOM" if row["reason"] == "out of memory" else row["status"]
-        return value(row) if row["correct"] is True else "incorrect"
     for name in [pattern] if pattern else patterns:
         lines = []
         for t, pair in pairs_by_length(result, name).items():
             flex, dense = pair.get("flex_block_mask"), pair.get("sdpa_dense_mask")
             memory = lambda r: f"{mebibytes(r['peak_memory_bytes'])} ({mebibytes(r['mask_bytes'])})"  # noqa: E731
             lines.append([t, percent((flex or dense)["mask_density"]), percent(flex["block_share"]) if flex else "—",
-                          cell(flex, lambda r: number(r["ms_median"])), cell(dense, lambda r: number(r["ms_median"])),
+                          status_cell(flex, lambda r: number(r["ms_median"])), status_cell(dense, lambda r: number(r["ms_median"])),
                           f"{dense['ms_median'] / flex['ms_median']:.2f}x" if core.usable(flex) and core.usable(dense)
                           else "—",
-                          cell(flex, memory), cell(dense, memory)])
+                          status_cell(flex, memory), status_cell(dense, memory)])
         parts.append(f"**{name}**: {patterns[name]}\n\n" + table(
             ["T", "pairs attended", "blocks computed", "Flex ms", "dense SDPA ms", "speed-up", "Flex MiB (BlockMask)",
              "dense MiB (mask)"], lines, "r" * 8))

@@ -20,7 +20,8 @@ from typing import Annotated, Callable, NamedTuple
 import torch
 
 from attention.bench import core, metrics
-from attention.bench.format import MODE_TITLES, collapsed, mebibytes, number, percent, table, title_suffix
+from attention.bench.format import (MODE_TITLES, collapsed, mebibytes, number, percent, status_cell, table,
+                                    title_suffix)
 from attention.bench.results import (BOOLEAN, BYTES, DEVICE_TYPES, DTYPE, IDENTIFIER, MAX_ROWS, POSITIVE, RATE,
                                      REASON_CHARS, SHARE, disordered, field_rules, integer, list_of, mapping, mismatches,
                                      new_row, nullable, number as finite, one_of, record, rule_of, text)
@@ -425,12 +426,10 @@ def sweep_table(result, mode="forward", metric="ms_median"):
     rows = sweep_rows(result, mode)
     lengths, cells = sorted({r["seq_len"] for r in rows}), {(r["label"], r["seq_len"]): r for r in rows}
 
-    def cell(row):
-        if row is None or row["status"] != "ok":
-            return "" if row is None else "OOM" if row["reason"] == "out of memory" else row["status"]
-        return "incorrect" if row["correct"] is False else shown.get(metric, number)(row[metric])
+    def value(row):
+        return shown.get(metric, number)(row[metric])
     return table([f"implementation ({units[metric]})"] + [f"T={t}" for t in lengths],
-                 [[f"`{label}`"] + [cell(cells.get((label, t))) for t in lengths]
+                 [[f"`{label}`"] + [status_cell(cells.get((label, t)), value) for t in lengths]
                   for label in dict.fromkeys(r["label"] for r in rows)])
 
 
