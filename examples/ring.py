@@ -366,7 +366,8 @@ if ring_runs:
                                             "from the recorded run")
     show_markdown(
         f"In this run, the forward + backward call's peak per process falls from "
-        f"{render.mebibytes(fewest['peak_memory_bytes'])} MiB on {fewest['world_size']} process(es) to "
+        f"{render.mebibytes(fewest['peak_memory_bytes'])} MiB on {fewest['world_size']} "
+        f"{'process' if fewest['world_size'] == 1 else 'processes'} to "
         f"{render.mebibytes(most['peak_memory_bytes'])} MiB on {most['world_size']}, beside shards of "
         f"{render.mebibytes(fewest['shard_bytes'])} and {render.mebibytes(most['shard_bytes'])} MiB; every call "
         f"matched the reference: {'yes' if all(map(ring_sweep.usable, recorded_rows)) else 'NO'} (largest "
