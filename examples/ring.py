@@ -356,6 +356,10 @@ if ring_runs:
     by_size = ring_sweep.ring_rows(recorded)
     fewest, most = by_size[min(by_size)]["forward_backward"], by_size[max(by_size)]["forward_backward"]
     recorded_rows = [row for pair in by_size.values() for row in pair.values()]
+    load, cores = recorded["provenance"]["load_average_start"], recorded["provenance"]["device"]["cpu_count"]
+    busy = (f" Other work ran beside this run (load average {load[0]:.1f} at its start, on {cores} cores): each "
+            "time includes the share of a busy machine its processes got, and more processes get a larger share."
+            if load and load[0] > cores else "")
     show_markdown(f"{prose.file_label(f'docs/results/ring/{ring_runs[0].name}', render.is_stale(recorded))}: "
                   f"{recorded['provenance']['device']['name']}, {recorded['provenance']['device']['cpu_count']} cores, "
                   f"{recorded['dtype']}, recorded {recorded['provenance']['date_utc'][:10]}; "
@@ -372,7 +376,7 @@ if ring_runs:
         f"{render.mebibytes(fewest['shard_bytes'])} and {render.mebibytes(most['shard_bytes'])} MiB; every call "
         f"matched the reference: {'yes' if all(map(ring_sweep.usable, recorded_rows)) else 'NO'} (largest "
         f"difference {max(row['max_abs_error'] or 0.0 for row in recorded_rows):.1e}). "
-        + ring_sweep.bytes_note(recorded) + " " + ring_sweep.cores_note(recorded))
+        + ring_sweep.bytes_note(recorded) + " " + ring_sweep.cores_note(recorded) + busy)
 else:
     show_markdown("No run of the ring profile is recorded in `docs/results/ring/` yet: the command above records one.")
 
