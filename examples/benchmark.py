@@ -183,7 +183,7 @@ show_markdown(render.share_stability_table(first, second))
 # the CPU can multiply bfloat16 numbers: Intel's AMX tile units (Sapphire Rapids and later) and
 # AVX-512 BF16 do; a CPU with neither widens each bfloat16 number to float32 before it multiplies.
 # To see why some classes gain and others lose, time the pieces every class is made of, in both
-# dtypes, at the recorded runs' headline shape, on the machine building this page: the projections
+# dtypes, at batch 1 of the recorded runs' headline shape, on the machine building this page: the projections
 # (one `(B·T, d_model) @ (d_model, 3·d_model)` matmul), the attention core through SDPA's fused
 # kernel, and the four steps of the written-out core (`Q Kᵀ`, the causal mask, the softmax over the
 # `(B, H, T, T)` scores, and the weights times `V`).
@@ -218,6 +218,8 @@ def onednn_primitives(call):
 SLOW_CALL_S = 1.0  # a piece whose first call takes longer is timed by that call alone
 recorded = render.load_result(render.RESULTS_DIR / "cpu-intel-xeon-2c-float32.json")["config"]
 B, T, C, H = recorded["batch"], recorded["seq_len"], recorded["d_model"], recorded["num_heads"]  # the headline shape
+B = 1  # batch 1 of it: a CPU without bfloat16 instructions takes minutes for the full batch's bfloat16 pieces
+MATMUL_SIZE = 1024  # the yardstick's kind of matmul, smaller for the same reason
 generator = torch.Generator().manual_seed(0)
 causal = torch.ones(T, T, dtype=torch.bool).tril()
 pieces = {}
@@ -227,7 +229,7 @@ for dtype in (torch.float32, torch.bfloat16):
     q, k, v = (torch.randn(B, H, T, C // H, generator=generator).to(dtype) for _ in range(3))
     scores = torch.randn(B, H, T, T, generator=generator).to(dtype)  # (B, H, T, T)
     calls = {
-        "matmul 2048² (the CPU yardstick)": metrics.matmul_call("cpu", dtype, 2048)[0],
+        f"matmul {MATMUL_SIZE}² (the CPU yardstick's kind)": metrics.matmul_call("cpu", dtype, MATMUL_SIZE)[0],
         f"projections: ({B * T}, {C}) @ ({C}, {3 * C})": lambda: x @ w_qkv,
         "SDPA causal core (fused kernel)": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
         "written-out core: Q Kᵀ": lambda: q @ k.transpose(-2, -1),
@@ -272,7 +274,7 @@ def speed_of(group):
     return sum(ms[p][torch.float32] for p in group) / sum(ms[p][torch.bfloat16] for p in group)
 
 
-matmul_flops = 2 * 2048**3
+matmul_flops = 2 * MATMUL_SIZE**3
 build_flags = cpu_flags()
 show_markdown(prose.bf16_matmul_sentence(
     "This build's CPU", cpu_name(), build_flags, matmul_flops / ms[matmul_piece][torch.float32] / 1e9,

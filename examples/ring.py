@@ -26,6 +26,9 @@ from matplotlib.patches import Rectangle
 
 import attention.distributed.__main__ as cli
 import attention.distributed.ring as ring
+from attention import prose
+from attention.bench import render
+from attention.bench.sweeps import ring as ring_sweep
 from attention.display import show, show_markdown, show_source, show_table
 from attention.distributed import check, launch, measure
 from attention.reference import reference_kernel
@@ -243,17 +246,9 @@ cases += [case(P, True, "zigzag", engine="torch", kv_heads=8, seq_len=32) for P 
 results = check.run_cases(cases, world_size=4)
 
 
-def reference_results(case):
-    q, k, v, grad_out = (t.double().requires_grad_(True) for t in check.case_inputs(case))
-    T = case["seq_len"]
-    out, _ = reference_kernel(q, k, v, mask=torch.ones(T, T, dtype=torch.bool).tril() if case["causal"] else None)
-    out.backward(grad_out.detach())
-    return dict(zip(check.RESULTS, (out.detach(), q.grad, k.grad, v.grad)))
-
-
 rows, worst = [], {}
 for c, per_group in zip(cases, results):
-    expected = reference_results(c)
+    expected = check.reference_results(c)  # float64, whole sequence, one process
     errors = {name: max((group[name].double() - expected[name]).abs().max().item() for group in per_group)
               for name in check.RESULTS}
     worst[(c["engine"], c["world_size"])] = max(worst.get((c["engine"], c["world_size"]), 0.0), *errors.values())
@@ -345,8 +340,45 @@ show_markdown(
 # %% [markdown]
 # ### Recorded run
 #
-# No recorded run of a benchmark sweep of `measure_ring` exists yet. When the benchmark records one
-# (time, peak memory and bytes per process against P, with its provenance), its table goes here.
+# The benchmark's ring profile runs the same measurement on a longer sequence, each call checked against
+# the float64 reference on the whole sequence, and records it with its provenance (the machine, the
+# versions, the commit, the command); the [Benchmarks](../../benchmarks/#context-parallel-ring-attention)
+# page shows every recorded run:
+#
+# ```bash
+# python -m attention.bench --profile ring --device cpu --out docs/results/ring/cpu-ring-float32.json
+# ```
+
+# %% tags=["hide-input"]
+ring_runs = render.find_results(render.RESULTS_DIR / "ring")
+if ring_runs:
+    recorded = render.load_result(ring_runs[0])
+    by_size = ring_sweep.ring_rows(recorded)
+    fewest, most = by_size[min(by_size)]["forward_backward"], by_size[max(by_size)]["forward_backward"]
+    recorded_rows = [row for pair in by_size.values() for row in pair.values()]
+    load, cores = recorded["provenance"]["load_average_start"], recorded["provenance"]["device"]["cpu_count"]
+    busy = (f" Other work ran beside this run (load average {load[0]:.1f} at its start, on {cores} cores): each "
+            "time includes the share of a busy machine its processes got, and more processes get a larger share."
+            if load and load[0] > cores else "")
+    show_markdown(f"{prose.file_label(f'docs/results/ring/{ring_runs[0].name}', render.is_stale(recorded))}: "
+                  f"{recorded['provenance']['device']['name']}, {recorded['provenance']['device']['cpu_count']} cores, "
+                  f"{recorded['dtype']}, recorded {recorded['provenance']['date_utc'][:10]}; "
+                  f"{ring_sweep.sizes_text(recorded['ring'])}. Times are the slowest process's medians, with the "
+                  "whole ring's TFLOP/s and its share of a matmul's rate on the same machine:\n\n"
+                  + ring_sweep.ring_table(recorded))
+    show(ring_sweep.plot_ring(recorded), alt="Memory per process and time per call against the number of processes, "
+                                            "from the recorded run")
+    show_markdown(
+        f"In this run, the forward + backward call's peak per process falls from "
+        f"{render.mebibytes(fewest['peak_memory_bytes'])} MiB on {fewest['world_size']} "
+        f"{'process' if fewest['world_size'] == 1 else 'processes'} to "
+        f"{render.mebibytes(most['peak_memory_bytes'])} MiB on {most['world_size']}, beside shards of "
+        f"{render.mebibytes(fewest['shard_bytes'])} and {render.mebibytes(most['shard_bytes'])} MiB; every call "
+        f"matched the reference: {'yes' if all(map(ring_sweep.usable, recorded_rows)) else 'NO'} (largest "
+        f"difference {max(row['max_abs_error'] or 0.0 for row in recorded_rows):.1e}). "
+        + ring_sweep.bytes_note(recorded) + " " + ring_sweep.cores_note(recorded) + busy)
+else:
+    show_markdown("No run of the ring profile is recorded in `docs/results/ring/` yet: the command above records one.")
 
 # %% [markdown]
 # ## PyTorch's engine: context_parallel

@@ -608,6 +608,9 @@ def test_benchmarks_page_makes_a_tab_for_every_results_file(result, tmp_path, mo
     assert list(tabs) == ["CPU, this build", "CPU, recorded", "NVIDIA CUDA", "Apple MPS"]
     assert re.findall(r'^    === "([^"]+)"', tabs["NVIDIA CUDA"], flags=re.MULTILINE) == [
         "NVIDIA Test GPU, float32, default profile", "NVIDIA Test GPU, bfloat16, default profile"]
+    # The only run of its device type is named like any other: a tab of its own (device, dtype, profile).
+    assert re.findall(r'^    === "([^"]+)"', tabs["Apple MPS"], flags=re.MULTILINE) == [
+        "Apple Test Chip, float32, default profile"]
     for body, device in ((tabs["NVIDIA CUDA"], "NVIDIA Test GPU"), (tabs["Apple MPS"], "Apple Test Chip")):
         assert device in body and "| # | implementation | ms (median) |" in body and "`split_heads`" in body
         assert "What this run was measured on" in body and "??? note" in body  # the sweep's tables collapsed

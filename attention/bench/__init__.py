@@ -19,6 +19,7 @@ SWEEPS = {name: importlib.import_module(f"attention.bench.sweeps.{name}") for na
     "sequence",
     "block_sparse",
     "decode",
+    "ring",
 )}
 
 

@@ -2,7 +2,7 @@
 same profile twice, to see how far each class's share of the matmul rate moves between runs."""
 
 from attention.bench.format import MODE_TITLES, device_label, number, percent, table
-from attention.bench.sweeps.sequence import matmul_share, ranked, shape_rows
+from attention.bench.sweeps.sequence import ranked, shape_rows
 
 
 def headline_rows(result, mode):

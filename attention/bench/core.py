@@ -7,6 +7,7 @@ interleaved with a `Yardstick`'s); `failed` (the one failure path); `over_budget
 
 import gc
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -15,10 +16,10 @@ from typing import Callable, NamedTuple, TypedDict, Annotated
 import torch
 
 from attention.bench import metrics
-from attention.bench.provenance import available_memory_bytes, collect_provenance, load_average
+from attention.bench.provenance import collect_provenance, load_average, meminfo_bytes
 from attention.bench.results import (BOOLEAN, BYTES, COUNT, DEVICE_TYPES, KERNEL_NAME, MS, RATE, REASON, REASON_CHARS,
-                                     SCHEMA_VERSION, SDPA_BACKENDS, SDPA_OP_NAMES, SECONDS, SHARE, TOLERANCE, list_of,
-                                     number, one_of)
+                                     SCHEMA_VERSION, SDPA_BACKENDS, SDPA_OP_NAMES, SECONDS, SHARE, TOLERANCE, config_problems,
+                                     list_of, number, one_of)
 
 DEVICES = ("auto", *DEVICE_TYPES)
 DTYPES = {"float32": torch.float32, "tf32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -48,10 +49,20 @@ def check_dtype(dtype, device):
                          f"got device={device.type!r}; use dtype='float32'")
 
 
+def checked(config):
+    """`config` (a sweep's, resolved) if every value keeps its field's rule and `d_model` splits into `num_heads`
+    heads, else `ValueError` naming each bad value."""
+    problems = config_problems(config)
+    if problems or config.d_model % config.num_heads:
+        raise ValueError("; ".join(problems) or f"d_model must be divisible by num_heads, got d_model="
+                                                f"{config.d_model}, num_heads={config.num_heads}")
+    return config
+
+
 def memory_budget(device):
     """Bytes a row may take on CPU: 3/4 of the memory available now (past RAM the operating system kills the
     process instead of raising); None elsewhere, where running out of memory raises and the row fails."""
-    available = available_memory_bytes() if torch.device(device).type == "cpu" else None
+    available = meminfo_bytes("MemAvailable") if torch.device(device).type == "cpu" else None
     return available and available * 3 // 4
 
 
@@ -75,6 +86,11 @@ def failed(row, error):
     """Record `error` on `row`: status "failed", reason "out of memory" or the error's first line."""
     oom = isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
     row.update(status="failed", reason="out of memory" if oom else error_text(error))
+
+
+def usable(row):
+    """True for a row measured and matched to the reference: the only kind a table ranks or a chart draws."""
+    return row is not None and row["status"] == "ok" and row["correct"] is True
 
 
 class Measured(TypedDict):
@@ -121,6 +137,13 @@ class PairedMatmul(TypedDict):
                                       "the matmul's under the same machine conditions (it can exceed 1)."]
 
 
+def matmul_rates(row):
+    """`tflops` (`flops / ms_median`) and `share_of_paired_matmul` of a measured `PairedMatmul` row, from its own
+    numbers: what the sweep records and what the validator expects."""
+    tflops = row["flops"] / (row["ms_median"] * 1e-3) / 1e12
+    return {"tflops": tflops, "share_of_paired_matmul": tflops / (row["matmul_tflops_paired"] or math.nan)}
+
+
 class Yardstick(NamedTuple):
     """What a row's rate is measured against, timed in blocks interleaved with the row's (see `measure`)."""
 
@@ -164,8 +187,11 @@ def measure(call, check, device, timing, yardstick, reset=lambda: None):
     gradients, so they do not count as memory in use). The profiled call and the probe count as warm-up.
     """
     graphs = metrics.unique_graphs()
-    first_call_s, out = metrics.time_first_call(call, device)
-    after = metrics.unique_graphs()
+    metrics.synchronize(device)
+    started = time.perf_counter()  # the first call alone: a compiled call compiles here
+    out = call()
+    metrics.synchronize(device)
+    first_call_s, after = time.perf_counter() - started, metrics.unique_graphs()
     row = dict(first_call_s=first_call_s, **check(out))
     del out
     if graphs is not None and after is not None:

@@ -8,7 +8,7 @@ import textwrap
 
 from attention.bench.metrics import CONTENDED_BELOW
 from attention.bench.provenance import changed_sources, cpu_features_label, is_stale
-from attention.bench.results import section
+from attention.bench.results import all_rows
 
 MODE_TITLES = {"forward": "forward", "forward_backward": "forward + backward"}
 
@@ -36,6 +36,14 @@ def table(header, rows, align=None):
     align = align or "l" + "r" * (len(header) - 1)
     return "\n".join(["| " + " | ".join(header) + " |", "|" + "|".join("---" if a == "l" else "--:" for a in align) + "|"]
                      + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows])
+
+
+def status_cell(row, text):
+    """A table cell: `text(row)` for a measured row, else why there is no number ("" for no row, "OOM", "skipped",
+    "failed", "incorrect")."""
+    if row is None or row["status"] != "ok":
+        return "" if row is None else "OOM" if row["reason"] == "out of memory" else row["status"]
+    return "incorrect" if row["correct"] is False else text(row)
 
 
 def collapsed(title, body, kind="note"):
@@ -82,8 +90,6 @@ def title_suffix(result):
 def provenance_summary(result):
     """Markdown bullet list: what ran where, when, from which code, and whether that code is current (it says
     plainly when the run predates the current sources)."""
-    from attention.bench import SWEEPS
-
     provenance = result["provenance"]
     device, git = provenance["device"], provenance.get("git") or {}
     commit = "not a git checkout" if git.get("commit") is None else f"`{git['commit'][:12]}`" + (
@@ -102,8 +108,7 @@ def provenance_summary(result):
              f"{provenance.get('duration_s', '?')} s" + ("" if result.get("complete") else " (**incomplete run**)"),
              f"- **Command**: `{provenance['command']}`",
              f"- **Code**: commit {commit}; sources sha256 `{provenance['source_hash'][:16]}`"]
-    shares = [row["cpu_utilization"] for name in SWEEPS for row in (section(result, name) or {}).get("rows", [])
-              if row.get("cpu_utilization") is not None]
+    shares = [row["cpu_utilization"] for row in all_rows(result) if row.get("cpu_utilization") is not None]
     if shares:
         lines.append(f"- **CPU share**: median {sorted(shares)[len(shares) // 2]:.0%} of the threads' time; "
                      f"{sum(share < CONTENDED_BELOW for share in shares)} of {len(shares)} rows below "

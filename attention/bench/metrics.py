@@ -24,11 +24,8 @@ def attention_flops(shape, mode):
     """`{"attention", "projections", "total"}`: useful FLOPs (ints) of one call of causal self-attention.
 
     `shape` holds `batch`, `seq_len`, `d_in`, `d_out`, `num_heads` and `num_kv_heads` (None: `num_heads`), as a
-    row of the sequence sweep does. A multiply-add counts as 2. Projections: `2*B*T*d_in*(d_out + 2*d_kv) +
-    2*B*T*d_out*d_out`, with `d_kv = num_kv_heads * D` the key and value width; attention core:
-    `4*B*H*T^2*D` (Q K^T and P V, D = d_out / H), halved for the causal mask. Softmax, masking, bias and
-    reshapes are not counted, so the count is the same for every implementation of one model whatever
-    extra work it does. `mode` is "forward" or "forward_backward" (forward plus backward).
+    row of the sequence sweep does; `mode` is "forward" or "forward_backward". What is counted:
+    docs/benchmark-schema.md#flops.
     """
     batch, seq_len, d_in, d_out, num_heads = (shape[key] for key in ("batch", "seq_len", "d_in", "d_out", "num_heads"))
     num_kv_heads = shape.get("num_kv_heads")
@@ -75,16 +72,6 @@ def synchronize(device):
         torch.mps.synchronize()
 
 
-def time_first_call(fn, device):
-    """Seconds taken by one call of `fn` (synchronized), and its return value. The first call of a
-    compiled function includes the compilation: call this before any warm-up."""
-    synchronize(device)
-    start = time.perf_counter()
-    result = fn()
-    synchronize(device)
-    return time.perf_counter() - start, result
-
-
 class Timing(NamedTuple):
     """How long to time one measurement: seconds of measurement, blocks at least, seconds of warm-up. A
     sweep's config carries the same three fields, and serves as well."""
@@ -95,20 +82,10 @@ class Timing(NamedTuple):
 
 
 def time_callable(fn, device, timing=Timing(), paired=None, warm=(0.0, None)):
-    """Median and spread of the time of one call of `fn`, and optionally of a yardstick timed beside it.
-
-    Warm-up: calls `fn` until `timing.warmup_time` seconds of calls have passed, counting the seconds of
-    calls the caller already made (`warm`), timing each call to estimate its cost. Measurement: blocks
-    of `calls_per_repeat` back-to-back calls, the device synchronized before and after each block, the
-    block size chosen so a block lasts about `min_run_time / min_repeats` (at most 50 ms), until at
-    least `min_repeats` blocks and `min_run_time` seconds are done. This is
-    `torch.utils.benchmark.Timer.blocked_autorange`'s scheme, with a guaranteed number of blocks
-    (blocked_autorange may stop after one block for slow calls, leaving no spread to report).
-
-    With `paired` (a callable, the yardstick), a block of `paired` calls lasting about as long as one
-    block of `fn` (at least one call) runs before every block of `fn` and once after the last:
-    yardstick, fn, yardstick, fn, ..., yardstick. The two are then measured under the same machine
-    conditions, so their ratio does not move when the machine's speed drifts during a long run.
+    """Median and spread of the time of one call of `fn`, and with `paired` (a yardstick) of one of its calls, timed
+    in blocks interleaved with `fn`'s: the scheme docs/benchmark-schema.md#timing states. Unlike
+    `torch.utils.benchmark.Timer.blocked_autorange` it guarantees `min_repeats` blocks (a spread to report); the
+    interleaving keeps the ratio of the two steady while the machine's speed drifts during a long run.
 
     `timing` is a `Timing` (or a sweep's config); `warm` is `(seconds, per_call)`: seconds of calls of `fn`
     just made (they count as warm-up) and one call's seconds as the caller measured it (None: timed here).

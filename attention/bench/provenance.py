@@ -114,18 +114,11 @@ def cpu_features_label(flags):
     return "no AVX2"
 
 
-def available_memory_bytes():
-    """Memory available to new processes in bytes (Linux /proc/meminfo `MemAvailable`), else None."""
+def meminfo_bytes(key):
+    """A /proc/meminfo field in bytes (Linux: `MemAvailable`, memory available to new processes; `MemTotal`,
+    physical memory), else None (not Linux, or an unreadable /proc: no budget rather than no run)."""
     try:
-        return int(_proc_field("/proc/meminfo", "MemAvailable").split()[0]) * 1024
-    except Exception:  # noqa: BLE001 - not Linux, or an unreadable /proc: no budget rather than no run
-        return None
-
-
-def total_memory_bytes():
-    """Physical memory of the machine in bytes (Linux /proc/meminfo), else None."""
-    try:
-        return int(_proc_field("/proc/meminfo", "MemTotal").split()[0]) * 1024
+        return int(_proc_field("/proc/meminfo", key).split()[0]) * 1024
     except (AttributeError, ValueError, IndexError):
         return None
 
@@ -134,7 +127,7 @@ def device_info(device):
     """Name and size of the device the benchmark runs on, plus the CPU it runs from."""
     device = torch.device(device)
     info = {"type": device.type, "cpu": cpu_name(), "cpu_flags": cpu_flags(), "cpu_count": os.cpu_count(),
-            "torch_num_threads": torch.get_num_threads(), "host_memory_bytes": total_memory_bytes()}
+            "torch_num_threads": torch.get_num_threads(), "host_memory_bytes": meminfo_bytes("MemTotal")}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         info.update(name=props.name, memory_bytes=props.total_memory,

@@ -182,15 +182,18 @@ ENVELOPE = {"schema_version": one_of(SCHEMA_VERSION), "complete": BOOLEAN, "prof
 
 def section(result, sweep_name):
     """A sweep's section of a results file, or None: the top level for the sequence sweep, else `result[name]`."""
+    from attention.bench import SWEEPS  # the sweeps import this module; read their registry when needed
+
     if sweep_name == "sequence":
-        return {key: value for key, value in result.items() if key not in ENVELOPE and not _is_sweep(key)} or None
+        return {key: value for key, value in result.items() if key not in ENVELOPE and key not in SWEEPS} or None
     return result.get(sweep_name)
 
 
-def _is_sweep(key):
-    from attention.bench import SWEEPS  # the sweeps import this module; read their registry when needed
+def all_rows(result):
+    """The rows of every sweep of a results file, in the order of `SWEEPS`."""
+    from attention.bench import SWEEPS
 
-    return key in SWEEPS and key != "sequence"
+    return [row for name in SWEEPS for row in (section(result, name) or {}).get("rows", [])]
 
 
 def validate(result):
@@ -286,9 +289,7 @@ def check_report(path, checked):
     result, problems, changed = checked["result"], checked["problems"], checked["changed"]
     if problems:
         return f"{path}: NOT valid, {len(problems)} problem(s):\n" + "\n".join(f"  - {problem}" for problem in problems)
-    from attention.bench import SWEEPS
-
-    rows, device = [row for name in SWEEPS for row in (section(result, name) or {}).get("rows", [])], result["provenance"]["device"]
+    rows, device = all_rows(result), result["provenance"]["device"]
     return (f"{path}: valid: {device['type']} ({device['name']}), {result['dtype']}, profile {result['profile']!r}, "
             f"{len(rows)} rows ({sum(row['status'] == 'ok' for row in rows)} measured), recorded "
             f"{result['provenance']['date_utc']}\n" + (

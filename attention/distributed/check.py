@@ -33,6 +33,33 @@ def case_inputs(case):
     return q, k, v, grad_out
 
 
+def reference_results(case):
+    """The whole sequence's `{"out", "grad_q", "grad_k", "grad_v"}` of a case from the float64 reference
+    (`attention.reference.reference_kernel`, causal mask where the case is causal), on the CPU: what the joined
+    shards of `run_cases` are compared with.
+
+    One query head at a time, so the float64 score matrix held is `(B, 1, T, T)`, not `(B, H, T, T)` (8 GiB
+    with its gradients at T = 4096 and 8 heads); a key/value head's gradient sums its query heads' shares.
+    """
+    from attention.reference import reference_kernel
+
+    q, k, v, grad_out = (t.double() for t in case_inputs(case))
+    T, group = case["seq_len"], case["num_heads"] // case["num_kv_heads"]
+    mask = torch.ones(T, T, dtype=torch.bool).tril() if case["causal"] else None  # (T, T), True = attend
+    out, grad_q, grad_k, grad_v = (torch.zeros_like(t) for t in (q, q, k, v))
+    for head in range(case["num_heads"]):
+        kv_head = head // group
+        q_head, k_head, v_head = (t[:, h:h + 1].clone().requires_grad_(True)
+                                  for t, h in ((q, head), (k, kv_head), (v, kv_head)))  # (B, 1, T, D)
+        out_head, _ = reference_kernel(q_head, k_head, v_head, mask=mask)  # (B, 1, T, D)
+        out_head.backward(grad_out[:, head:head + 1])
+        out[:, head:head + 1] = out_head.detach()
+        grad_q[:, head:head + 1] = q_head.grad
+        grad_k[:, kv_head:kv_head + 1] += k_head.grad
+        grad_v[:, kv_head:kv_head + 1] += v_head.grad
+    return dict(zip(RESULTS, (out, grad_q, grad_k, grad_v)))
+
+
 def run_case(case, group=None, device="cpu"):
     """On every rank of `group` at once: this rank's shard of the output and of each gradient, for one case.
 

@@ -147,3 +147,17 @@ def measure_here(configs):
     return [measure_ring(**{name: value for name, value in config.items() if name != "world_size"},
                          group=groups[config["world_size"]])
             for config in configs]
+
+
+def check_and_measure_here(case, repeats=3):
+    """On every process of a launch at once, for one case of `check.py` on the whole group: this rank's shards
+    of the output and gradients (`check.run_case`, for the caller to join and compare with the reference),
+    then `measure_ring` on the same sequence. The benchmark's ring sweep runs it with
+    `launch.run_on_processes(check_and_measure_here, P, case, repeats)`; returns `{"shards", "measured"}`."""
+    from attention.distributed import check
+
+    shards = check.run_case(case)
+    measured = measure_ring(case["batch"], case["num_heads"], case["num_kv_heads"], case["seq_len"], case["head_dim"],
+                            causal=case["causal"], layout=case["layout"], dtype=check.DTYPES[case["dtype"]],
+                            repeats=repeats, seed=case["seed"])
+    return {"shards": shards, "measured": measured}

@@ -164,9 +164,7 @@ def benchmark_tabs(_=None):
         title, _, command = DEVICES.get(kind, (kind.upper(), None, None))
         bodies = [(f"{render.device_label(r['provenance']['device'])}, {r['dtype']}, {r['profile']} profile",
                    run_body(r, state["charts"][path.stem], f"**`docs/results/{path.name}`**")) for path, r in by_type[kind]]
-        if len(bodies) == 1:
-            tabs.append(tab(title, bodies[0][1]))
-        elif bodies:
+        if bodies:  # a tab per file, the only one of its device type too: each is named (device, dtype, profile)
             tabs.append(tab(title, "\n".join(tab(*body) for body in bodies)))
         elif command:
             tabs.append(tab(title, f"No {title} run has been recorded yet. On a machine with one, run\n\n```bash\n"

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from attention.bench import core, metrics
-from attention.bench.format import collapsed, mebibytes, number, percent, table, title_suffix
-from attention.bench.results import (config_problems, disordered, mismatches, BYTES, MAX_ROWS, POSITIVE, PROSE, RATE, SECONDS, SHARE, field_rules, integer,
-                                     list_of, mapping, new_row, number as finite, one_of, record, rule_of)
+from attention.bench.format import collapsed, mebibytes, number, percent, status_cell, table, title_suffix
+from attention.bench.results import (BYTES, MAX_ROWS, POSITIVE, PROSE, SECONDS, disordered, field_rules, integer,
+                                     list_of, mapping, mismatches, new_row, number as finite, one_of, record, rule_of)
 from attention.masks import and_masks, bigbird, block_mask, causal, dense_mask, document, sliding_window
 from attention.reference import reference_kernel
 
@@ -69,13 +69,9 @@ class Config:
     matmul_size: Annotated[int | None, POSITIVE] = None
 
     def resolve(self, device):
-        resolved = dataclasses.replace(self, patterns=tuple(self.patterns), seq_lens=tuple(self.seq_lens),
-                                       matmul_size=self.matmul_size or (2048 if torch.device(device).type == "cpu" else 4096))
-        problems = config_problems(resolved)
-        if problems or self.d_model % self.num_heads:
-            raise ValueError("; ".join(problems) or f"d_model must be divisible by num_heads, got d_model="
-                                                    f"{self.d_model}, num_heads={self.num_heads}")
-        return resolved
+        return core.checked(dataclasses.replace(self, patterns=tuple(self.patterns), seq_lens=tuple(self.seq_lens),
+                                                matmul_size=self.matmul_size or (2048 if torch.device(device).type == "cpu"
+                                                                                 else 4096)))
 
 
 class Row(core.Measured, core.PairedMatmul):
@@ -153,8 +149,7 @@ def pattern_rows(config, pattern, seq_len, envelope, yardstick):
         try:
             row.update(core.measure(call, lambda out: core.compared(out[0][:, checked], expected, row["tolerance"]),
                                     device, config, yardstick))
-            row["tflops"] = row["flops"] / (row["ms_median"] * 1e-3) / 1e12
-            row["share_of_paired_matmul"] = row["tflops"] / row["matmul_tflops_paired"]
+            row.update(core.matmul_rates(row))
         except Exception as error:  # noqa: BLE001 - record the failure, keep the run going
             core.failed(row, error)
         yield row
@@ -181,8 +176,7 @@ def validate(section, result):
             if disordered(where, row):
                 problems += disordered(where, row)
                 continue
-            expected["tflops"] = row["flops"] / (row["ms_median"] * 1e-3) / 1e12
-            expected["share_of_paired_matmul"] = row["tflops"] / (row["matmul_tflops_paired"] or math.nan)
+            expected |= core.matmul_rates(row)
         problems += mismatches(where, row, expected)
     return problems
 
@@ -190,10 +184,6 @@ def validate(section, result):
 def block_sparse_rows(result, pattern=None):
     """The run's block-sparse rows (of one `pattern`, or all); `[]` for runs without them."""
     return [row for row in (result.get(NAME) or {}).get("rows", []) if pattern in (None, row["pattern"])]
-
-
-def usable(row):
-    return row is not None and row["status"] == "ok" and row["correct"] is True
 
 
 def pairs_by_length(result, pattern):
@@ -212,7 +202,7 @@ def crossovers(result):
     found = {}
     for pattern in (result.get(NAME) or {}).get("patterns", {}):
         both = [(t, pair["flex_block_mask"], pair["sdpa_dense_mask"]) for t, pair in pairs_by_length(result, pattern).items()
-                if usable(pair.get("flex_block_mask")) and usable(pair.get("sdpa_dense_mask"))]
+                if core.usable(pair.get("flex_block_mask")) and core.usable(pair.get("sdpa_dense_mask"))]
         if not both:
             continue
         crossover = None
@@ -239,20 +229,16 @@ def crossover_table(result):
 def block_sparse_table(result, pattern=None):
     """Per pattern and length: both kernels' median time, the speed-up, blocks computed and memory."""
     patterns, parts = (result.get(NAME) or {}).get("patterns", {}), []
-
-    def cell(row, value):
-        if row is None or row["status"] != "ok":
-            return "" if row is None else "OOM" if row["reason"] == "out of memory" else row["status"]
-        return value(row) if row["correct"] is True else "incorrect"
     for name in [pattern] if pattern else patterns:
         lines = []
         for t, pair in pairs_by_length(result, name).items():
             flex, dense = pair.get("flex_block_mask"), pair.get("sdpa_dense_mask")
             memory = lambda r: f"{mebibytes(r['peak_memory_bytes'])} ({mebibytes(r['mask_bytes'])})"  # noqa: E731
             lines.append([t, percent((flex or dense)["mask_density"]), percent(flex["block_share"]) if flex else "—",
-                          cell(flex, lambda r: number(r["ms_median"])), cell(dense, lambda r: number(r["ms_median"])),
-                          f"{dense['ms_median'] / flex['ms_median']:.2f}x" if usable(flex) and usable(dense) else "—",
-                          cell(flex, memory), cell(dense, memory)])
+                          status_cell(flex, lambda r: number(r["ms_median"])), status_cell(dense, lambda r: number(r["ms_median"])),
+                          f"{dense['ms_median'] / flex['ms_median']:.2f}x" if core.usable(flex) and core.usable(dense)
+                          else "—",
+                          status_cell(flex, memory), status_cell(dense, memory)])
         parts.append(f"**{name}**: {patterns[name]}\n\n" + table(
             ["T", "pairs attended", "blocks computed", "Flex ms", "dense SDPA ms", "speed-up", "Flex MiB (BlockMask)",
              "dense MiB (mask)"], lines, "r" * 8))
@@ -270,7 +256,7 @@ def plot_block_sparse(result):
     for ax, pattern in zip(axes, patterns):
         for kernel, marker in zip(KERNELS, "os"):
             points = [(t, pair[kernel]["ms_median"]) for t, pair in pairs_by_length(result, pattern).items()
-                      if usable(pair.get(kernel))]
+                      if core.usable(pair.get(kernel))]
             if points:
                 ax.plot(*zip(*points), marker=marker, markersize=4, label=KERNELS[kernel])
         if found.get(pattern, {}).get("crossover"):

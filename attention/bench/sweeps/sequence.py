@@ -20,11 +20,11 @@ from typing import Annotated, Callable, NamedTuple
 import torch
 
 from attention.bench import core, metrics
-from attention.bench.format import MODE_TITLES, collapsed, mebibytes, number, percent, table, title_suffix
+from attention.bench.format import (MODE_TITLES, collapsed, mebibytes, number, percent, status_cell, table,
+                                    title_suffix)
 from attention.bench.results import (BOOLEAN, BYTES, DEVICE_TYPES, DTYPE, IDENTIFIER, MAX_ROWS, POSITIVE, RATE,
-                                     REASON_CHARS, SHARE, config_problems, disordered, field_rules, integer, list_of,
-                                     mapping, mismatches, new_row, nullable, number as finite, one_of, record, rule_of,
-                                     text)
+                                     REASON_CHARS, SHARE, disordered, field_rules, integer, list_of, mapping, mismatches,
+                                     new_row, nullable, number as finite, one_of, record, rule_of, text)
 from attention.causal.flex import recompile_room
 from attention.reference import canonical_weights, kv_heads_state, reference_causal_self_attention
 from attention.registry import IMPLEMENTATIONS
@@ -85,11 +85,7 @@ class Config:
             matmul_size=self.matmul_size or (2048 if device.type == "cpu" else 4096),
             implementations=None if self.implementations is None else tuple(self.implementations),
             memory_budget_bytes=self.memory_budget_bytes or core.memory_budget(device))
-        problems = config_problems(resolved)
-        if problems or self.d_model % self.num_heads:
-            raise ValueError("; ".join(problems) or f"d_model must be divisible by num_heads, got d_model="
-                                                    f"{self.d_model}, num_heads={self.num_heads}")
-        return resolved
+        return core.checked(resolved)
 
     def shapes(self):
         """The `(batch, seq_len)` pairs to measure, headline first, without repeats."""
@@ -249,8 +245,7 @@ def case_rows(config, case, inputs, yardstick, peaks):
             return verdict
         try:
             row.update(core.measure(call, check, inputs.x.device, config, yardstick, reset))
-            row["tflops"] = row["flops"] / (row["ms_median"] * 1e-3) / 1e12
-            row["share_of_paired_matmul"] = row["tflops"] / row["matmul_tflops_paired"]
+            row.update(core.matmul_rates(row))
             peaks[key] = (case.batch, case.seq_len, row["peak_memory_bytes"]) if row["peak_memory_bytes"] else last
         except Exception as error:  # noqa: BLE001 - record the failure, keep the run going
             core.failed(row, error)
@@ -321,10 +316,7 @@ def validate(section, result):
         flops = metrics.attention_flops(row, row["mode"])
         expected = dict(flops_attention=flops["attention"], flops_projections=flops["projections"], flops=flops["total"])
         if row["status"] == "ok" and not disordered(where, row):
-            expected["tflops"] = row["flops"] / (row["ms_median"] * 1e-3) / 1e12
-            expected |= {"share_of_matmul_peak": row["tflops"] / peak} if peak else {}
-            expected |= {"share_of_paired_matmul": row["tflops"] / row["matmul_tflops_paired"]} \
-                if row["matmul_tflops_paired"] else {}
+            expected |= core.matmul_rates(row) | ({"share_of_matmul_peak": row["tflops"] / peak} if peak else {})
         problems += (disordered(where, row) if row["status"] == "ok" else []) + mismatches(where, row, expected)
     recomputed = rank_rows(section["rows"])
     return problems + [f"rankings: {r['mode']}, B={r['batch']}, T={r['seq_len']} differs from the rows' (by median time)"
@@ -333,8 +325,7 @@ def validate(section, result):
 
 # --- Reading a run: rows by shape, the fastest and the ties ---------------------------------------------------------
 
-def ranked(row):
-    return row["status"] == "ok" and row["correct"] is True
+ranked = core.usable  # a row the tables may rank
 
 
 def shape_rows(result, mode, batch=None, seq_len=None):
@@ -435,12 +426,10 @@ def sweep_table(result, mode="forward", metric="ms_median"):
     rows = sweep_rows(result, mode)
     lengths, cells = sorted({r["seq_len"] for r in rows}), {(r["label"], r["seq_len"]): r for r in rows}
 
-    def cell(row):
-        if row is None or row["status"] != "ok":
-            return "" if row is None else "OOM" if row["reason"] == "out of memory" else row["status"]
-        return "incorrect" if row["correct"] is False else shown.get(metric, number)(row[metric])
+    def value(row):
+        return shown.get(metric, number)(row[metric])
     return table([f"implementation ({units[metric]})"] + [f"T={t}" for t in lengths],
-                 [[f"`{label}`"] + [cell(cells.get((label, t))) for t in lengths]
+                 [[f"`{label}`"] + [status_cell(cells.get((label, t)), value) for t in lengths]
                   for label in dict.fromkeys(r["label"] for r in rows)])
 
 

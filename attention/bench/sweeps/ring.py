@@ -1,0 +1,347 @@
+"""The ring sweep: context-parallel (ring) attention on 1, 2, 4 (`world_sizes`) local processes at one total length.
+
+For each process count P (`world_sizes`) the sweep launches P processes joined by a gloo process group
+(`attention.distributed.launch`), each holding its shard of one sequence of `seq_len` positions. Every
+process runs the ring forward and backward once for the check (`attention.distributed.check.run_case`: the
+shards are joined here and compared with the float64 reference on the whole sequence), then
+`attention.distributed.measure.measure_ring`: per call (forward, and forward + backward) the time of the
+slowest process, each process's peak tensor memory, and the bytes each process sent at each exchange,
+counted where they are handed to `batch_isend_irecv`, beside what the ring should send (from the shapes).
+A row is one process count and one mode. A matmul's rate, timed in this process just before and after
+each launch, is the machine's ceiling the row's rate is set against.
+
+On one machine the P processes share its cores: the times show how the cores are shared, not the speed-up
+of one device per process. What P changes here is the memory each process needs and the bytes it sends.
+"""
+
+import dataclasses
+import statistics
+from typing import Annotated
+
+import torch
+
+from attention.bench import core, metrics
+from attention.bench.format import MODE_TITLES, mebibytes, number, percent, table, title_suffix
+from attention.bench.results import (BOOLEAN, BYTES, MAX_ROWS, POSITIVE, RATE, SHARE, config_problems, disordered,
+                                     field_rules, integer, list_of, mismatches, new_row, number as finite, one_of, record,
+                                     rule_of)
+from attention.distributed import check, launch, measure
+from attention.distributed.ring import LAYOUTS, padded_length
+
+NAME = "ring"
+MODES = ("forward", "forward_backward")
+MAX_PROCESSES = 64
+
+
+@dataclasses.dataclass
+class Config:
+    """What to measure: one sequence (`batch`, `num_heads` query heads, `num_kv_heads` key/value heads, `seq_len`,
+    `head_dim`, `causal`, `layout`) on each of `world_sizes` processes; `repeats` timed calls per mode; the side
+    of the matmul whose rate is the machine's ceiling, and the seconds each sample of its rate is timed."""
+
+    OPTIONS = {"min_repeats": "repeats"}  # the command line's --repeats
+
+    world_sizes: Annotated[tuple, list_of(integer(1, MAX_PROCESSES), 8)] = (1, 2, 4)
+    batch: Annotated[int, POSITIVE] = 1
+    num_heads: Annotated[int, POSITIVE] = 8
+    num_kv_heads: Annotated[int, POSITIVE] = 2
+    seq_len: Annotated[int, POSITIVE] = 2048
+    head_dim: Annotated[int, POSITIVE] = 64
+    causal: Annotated[bool, BOOLEAN] = True
+    layout: Annotated[str, one_of(*LAYOUTS)] = "zigzag"
+    repeats: Annotated[int, POSITIVE] = 5
+    seed: Annotated[int, integer(0, 2**63)] = 0
+    matmul_size: Annotated[int, POSITIVE] = 2048
+    min_run_time: Annotated[float, finite(0, 1e4)] = 0.5
+
+    def resolve(self, device):
+        """A copy with the process counts sorted; `ValueError` naming a bad value or a device other than the CPU."""
+        resolved = dataclasses.replace(self, world_sizes=tuple(sorted(set(self.world_sizes))))
+        problems = config_problems(resolved) + ([] if resolved.world_sizes else ["world_sizes: must not be empty"])
+        if not problems and self.num_heads % self.num_kv_heads:
+            problems.append(f"num_kv_heads must divide num_heads, got num_heads={self.num_heads}, "
+                            f"num_kv_heads={self.num_kv_heads}")
+        if torch.device(device).type != "cpu":
+            problems.append(f"device: the ring sweep runs local CPU processes over gloo, got device={str(device)!r}; "
+                            "on GPUs run torchrun --nproc-per-node P -m attention.distributed --measure")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return resolved
+
+
+class Row(core.Measured):
+    """One process count and one mode: a call of ring attention on every process at once."""
+
+    world_size: Annotated[int, integer(1, MAX_PROCESSES), "P: the processes the sequence is split over."]
+    mode: Annotated[str, one_of(*MODES), '`"forward"` or `"forward_backward"` (forward, then backward).']
+    local_len: Annotated[int, POSITIVE, "`T / P` after padding (`ring.padded_length`): positions each process holds."]
+    threads_per_process: Annotated[int | None, POSITIVE, "torch threads of each process: the machine's cores over P, "
+                                   "at least one."]
+    shard_bytes: Annotated[int, BYTES, "One process's `q`, `k`, `v` and output gradient: what it holds before the call."]
+    rank_peak_memory_bytes: Annotated[list | None, list_of(BYTES, MAX_PROCESSES), "Each process's peak tensor memory "
+                                      "during one call beyond what it held before (its shard); `peak_memory_bytes` is "
+                                      "the largest."]
+    kv_block_bytes: Annotated[int, BYTES, "`2 * B * H_kv * (T / P) * D` elements: one key/value block, what the ring "
+                              "sends at each forward step."]
+    expected_sent_bytes: Annotated[list, list_of(BYTES, 4 * MAX_PROCESSES), "What each process should send at each "
+                                   "exchange of one call, from the shapes (`measure.expected_sent_bytes`): a block at "
+                                   "each of the first `P - 1` forward steps; in the backward pass the block again and, "
+                                   "at every step, its gradients (float32 at least)."]
+    rank_sent_bytes: Annotated[list | None, list_of(list_of(BYTES, 4 * MAX_PROCESSES), MAX_PROCESSES), "Per process, "
+                               "the bytes it handed to `batch_isend_irecv` to send at each exchange of one call, counted."]
+    sent_as_expected: Annotated[bool | None, BOOLEAN, "Every process's counted bytes equal `expected_sent_bytes`, "
+                                "exchange by exchange."]
+    flops: Annotated[int, integer(), "Useful FLOPs of one call over the whole sequence, all processes together: "
+                     "`4·B·H·T²·D`, halved when causal, times 3.5 for forward + backward (the sequence sweep's "
+                     "attention-core count)."]
+    tflops: Annotated[float | None, RATE, "`flops / ms_median`, TFLOP/s: the whole ring's rate."]
+    matmul_tflops_paired: Annotated[float | None, RATE, "The mean of a matmul's rate (`matmul_size`², all cores, this "
+                                    "process) timed just before and just after the row's processes ran, TFLOP/s."]
+    share_of_paired_matmul: Annotated[float | None, SHARE, "`tflops / matmul_tflops_paired`: the ring's rate against "
+                                      "the machine's matmul rate."]
+
+
+def run(config, envelope):
+    config = config.resolve(envelope.device)
+    dtype_name = envelope.result["dtype"]
+    if dtype_name not in check.DTYPES:
+        raise ValueError(f"dtype: the ring sweep runs {', '.join(name for name in check.DTYPES if name != 'float64')}, "
+                         f"got dtype={dtype_name!r}")
+    header = dataclasses.asdict(config) | {"world_sizes": list(config.world_sizes), "rows": []}
+    section = envelope.open(NAME, header, len(config.world_sizes) * len(MODES))
+    case = {"batch": config.batch, "num_heads": config.num_heads, "num_kv_heads": config.num_kv_heads,
+            "seq_len": config.seq_len, "head_dim": config.head_dim, "causal": config.causal, "layout": config.layout,
+            "dtype": dtype_name, "seed": config.seed, "engine": "ring"}
+    expected = check.reference_results(case)  # float64, on the whole sequence: the same for every P
+    tolerance = metrics.TOLERANCES[dtype_name]
+
+    def matmul_rate():
+        return metrics.matmul_rate(envelope.device, envelope.dtype, config.matmul_size, config.min_run_time,
+                                   warmup_time=min(0.1, config.min_run_time))["tflops"]
+
+    matmul = [matmul_rate()]
+    for world_size in config.world_sizes:
+        rows = {mode: new_row(Row, **shape_fields(section, envelope.dtype, world_size, mode), status="ok",
+                              tolerance=tolerance) for mode in MODES}
+        this_case = dict(case, world_size=world_size)
+        try:
+            per_rank = launch.run_on_processes(measure.check_and_measure_here, world_size, this_case,
+                                               config.repeats, timeout_s=600.0)
+        except Exception as error:  # noqa: BLE001 - record the failure, keep the run going
+            per_rank = None
+            for row in rows.values():
+                core.failed(row, error)
+        matmul.append(matmul_rate())
+        if per_rank is not None:
+            whole = check.join_shards([this_case], [[result["shards"]] for result in per_rank])[0][0]
+            for mode, row in rows.items():
+                row.update(checked(whole, expected, tolerance, mode))
+                row.update(measured_fields([result["measured"] for result in per_rank], mode))
+                row.update(sent_as_expected=all(counted == row["expected_sent_bytes"] for counted in row["rank_sent_bytes"]),
+                           tflops=row["flops"] / (row["ms_median"] * 1e-3) / 1e12,
+                           matmul_tflops_paired=statistics.mean(matmul[-2:]))
+                row["share_of_paired_matmul"] = row["tflops"] / row["matmul_tflops_paired"]
+        for mode, row in rows.items():
+            envelope.add(section["rows"], row, f"ring P={world_size} {mode}")
+        core.release(envelope.device)
+
+
+def shape_fields(section, dtype, world_size, mode):
+    """The row's numbers that follow from the sizes alone (the validator recomputes them the same way)."""
+    B, H, H_kv, T, D = (section[key] for key in ("batch", "num_heads", "num_kv_heads", "seq_len", "head_dim"))
+    local_len = padded_length(T, world_size, section["layout"]) // world_size
+    element = torch.empty((), dtype=dtype).element_size()
+    flops = 4 * B * H * T * T * D // (2 if section["causal"] else 1)
+    if mode == "forward_backward":
+        flops = int(flops * (1 + metrics.BACKWARD_FACTOR_ATTENTION))
+    return dict(world_size=world_size, mode=mode, local_len=local_len, flops=flops,
+                shard_bytes=2 * B * (H + H_kv) * local_len * D * element,
+                kv_block_bytes=2 * B * H_kv * local_len * D * element,
+                expected_sent_bytes=measure.expected_sent_bytes(B, H_kv, local_len, D, dtype, world_size)[mode])
+
+
+def checked(whole, expected, tolerance, mode):
+    """`{correct, max_abs_error, reason}` of the joined output (forward) or output and gradients (forward +
+    backward) against the float64 reference's."""
+    names = ("out",) if mode == "forward" else check.RESULTS
+    compared = {name: core.compared(whole[name], expected[name], tolerance) for name in names}
+    errors = [c["max_abs_error"] for c in compared.values() if c["max_abs_error"] is not None]
+    return dict(correct=all(c["correct"] for c in compared.values()), max_abs_error=max(errors, default=None),
+                reason=next((f"{name}: {c['reason']}" for name, c in compared.items() if c["reason"]), None))
+
+
+def measured_fields(per_rank, mode):
+    """A row's measured fields from every rank's `measure_ring` dict (in rank order)."""
+    seconds = per_rank[0][mode]["all_seconds"]  # the slowest rank's time, call by call: the same on every rank
+    peaks = [measured[mode]["peak_bytes"] for measured in per_rank]
+    return dict(metrics._quartiles(seconds), repeats=len(seconds), calls_per_repeat=1, peak_memory_bytes=max(peaks),
+                rank_peak_memory_bytes=peaks, rank_sent_bytes=[measured[mode]["sent_bytes"] for measured in per_rank],
+                threads_per_process=per_rank[0]["threads"])
+
+
+SECTION = record(field_rules(Config) | {"rows": list_of(rule_of(Row), MAX_ROWS)})
+
+
+def validate(section, result):
+    """The section's rules, then each row's sizes, expected bytes, counts and rates recomputed from its own numbers."""
+    problems = SECTION(section, NAME) or ([] if section["rows"] else ["ring.rows: none"])
+    if problems or result.get("dtype") not in check.DTYPES:
+        return problems or [f"dtype: the ring sweep runs {', '.join(check.DTYPES)}, got {result.get('dtype')!r}"]
+    for index, row in enumerate(section["rows"]):
+        where = f"ring.rows[{index}] (P={row['world_size']}, {row['mode']})"
+        if row["world_size"] not in section["world_sizes"]:
+            problems.append(f"{where}: world_size {row['world_size']} is not one of world_sizes {section['world_sizes']}")
+            continue
+        derived = shape_fields(section, check.DTYPES[result["dtype"]], row["world_size"], row["mode"])
+        if row["expected_sent_bytes"] != derived["expected_sent_bytes"]:
+            problems.append(f"{where}: expected_sent_bytes {row['expected_sent_bytes']} is not what the ring should send "
+                            f"{derived['expected_sent_bytes']}")
+        problems += mismatches(where, row, {key: value for key, value in derived.items()
+                                            if key not in ("world_size", "mode", "expected_sent_bytes")})
+        if row["status"] != "ok":
+            continue
+        lists = {"rank_peak_memory_bytes": row["rank_peak_memory_bytes"], "rank_sent_bytes": row["rank_sent_bytes"]}
+        short = [f"{where}: {name} has {len(value or [])} entries, expected one per process ({row['world_size']})"
+                 for name, value in lists.items() if len(value or []) != row["world_size"]]
+        if short or disordered(where, row):
+            problems += short + disordered(where, row)
+            continue
+        as_expected = all(counted == row["expected_sent_bytes"] for counted in row["rank_sent_bytes"])
+        if row["sent_as_expected"] is not as_expected:
+            problems.append(f"{where}: sent_as_expected {row['sent_as_expected']} does not match rank_sent_bytes "
+                            f"against expected_sent_bytes ({as_expected})")
+        tflops = row["flops"] / (row["ms_median"] * 1e-3) / 1e12
+        problems += mismatches(where, row, {"peak_memory_bytes": max(row["rank_peak_memory_bytes"]), "tflops": tflops,
+                                            "share_of_paired_matmul": tflops / (row["matmul_tflops_paired"] or float("nan"))})
+    return problems
+
+
+def ring_rows(result):
+    """`{world_size: {mode: row}}` of a run, process counts ascending."""
+    rows = {}
+    for row in (result.get(NAME) or {}).get("rows", []):
+        rows.setdefault(row["world_size"], {})[row["mode"]] = row
+    return dict(sorted(rows.items()))
+
+
+def usable(row):
+    return row is not None and row["status"] == "ok" and row["correct"] is True
+
+
+def cell(row, value):
+    """A table cell of `row` (None: not run): `value(row)` if it ran and was correct, else what happened."""
+    if row is None or row["status"] != "ok":
+        return "" if row is None else row["status"]
+    return value(row) if row["correct"] is True else "WRONG"
+
+
+def timing(row):
+    return f"{number(row['ms_median'])} ({number(row['tflops'])} TFLOP/s, {percent(row['share_of_paired_matmul'])})"
+
+
+def sent(row):  # process 0's bytes per call, counted, against the computed
+    return f"{sum(row['rank_sent_bytes'][0]) / 2**10:,.0f} / {sum(row['expected_sent_bytes']) / 2**10:,.0f}"
+
+
+def ring_table(result):
+    """Per process count: memory per process, time and rate of both modes, and the bytes sent against the expected."""
+    lines = []
+    for world_size, pair in ring_rows(result).items():
+        forward, both = pair.get("forward"), pair.get("forward_backward")
+        counted = [row["sent_as_expected"] for row in (forward, both) if row is not None and row["status"] == "ok"]
+        first = forward or both
+        lines.append([world_size, first["local_len"], first["threads_per_process"] or "—",
+                      mebibytes(first["shard_bytes"]), cell(forward, lambda r: mebibytes(r["peak_memory_bytes"])),
+                      cell(both, lambda r: mebibytes(r["peak_memory_bytes"])), cell(forward, timing), cell(both, timing),
+                      f"{first['kv_block_bytes'] / 2**10:,.0f}", cell(forward, sent), cell(both, sent),
+                      "—" if not counted else "yes" if all(counted) else "NO"])
+    return table(["P", "T / P", "threads each", "shard MiB", "forward peak MiB", "fwd + bwd peak MiB",
+                  "forward ms (rate, share)", "fwd + bwd ms (rate, share)", "K/V block KiB",
+                  "sent per forward KiB (counted / expected)", "sent per fwd + bwd KiB (counted / expected)",
+                  "counted = expected"], lines)
+
+
+def plot_ring(result):
+    """Memory per process (shard + the call's peak) and time per call against P, both modes."""
+    from matplotlib.figure import Figure
+
+    section, rows = result[NAME], ring_rows(result)
+    fig = Figure(figsize=(9, 3.6), layout="constrained")
+    memory, timing = fig.subplots(1, 2)
+    for mode, marker in zip(MODES, "os"):
+        points = [(p, pair[mode]) for p, pair in rows.items() if usable(pair.get(mode))]
+        if points:
+            sizes = [p for p, _ in points]
+            memory.plot(sizes, [(r["shard_bytes"] + r["peak_memory_bytes"]) / 2**20 for _, r in points], marker=marker,
+                        label=mode.replace("_", " + "))
+            timing.plot(sizes, [r["ms_median"] for _, r in points], marker=marker, label=mode.replace("_", " + "))
+    for ax, ylabel, title in ((memory, "shard + call's peak, largest process (MiB)", "Tensor memory per process"),
+                              (timing, "ms per call (median, slowest process)", "Time per call")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_xticks(list(rows), [str(p) for p in rows])
+        ax.set(xlabel="processes P (total length fixed)", ylabel=ylabel, title=title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Ring attention, T = {section['seq_len']:,}, B = {section['batch']}, {section['num_heads']} heads "
+                 f"({section['num_kv_heads']} K/V) of {section['head_dim']}, {'causal, ' if section['causal'] else ''}"
+                 f"{section['layout']}: {title_suffix(result)}", fontsize=10)
+    return fig
+
+
+def sizes_text(section):
+    return (f"one sequence of T = {section['seq_len']:,} (B = {section['batch']}, {section['num_heads']} query heads, "
+            f"{section['num_kv_heads']} key/value heads of {section['head_dim']}, "
+            f"{'causal' if section['causal'] else 'not causal'}, {section['layout']} split)")
+
+
+def cores_note(result):
+    """What the times can and cannot show on this machine, with the run's own time ratios."""
+    cores, rows = result["provenance"]["device"]["cpu_count"], ring_rows(result)
+    threads = ", ".join(f"{pair[next(iter(pair))]['threads_per_process'] or '?'} at P = {p}" for p, pair in rows.items())
+    ratios = {}
+    for mode in MODES:
+        timed = [(p, pair[mode]["ms_median"]) for p, pair in rows.items() if usable(pair.get(mode))]
+        if len(timed) > 1:
+            ratios[mode] = (timed[0][0], timed[-1][0], timed[-1][1] / timed[0][1])
+    measured = "; ".join(f"{MODE_TITLES[mode]}, P = {most} took {ratio:.2f} times P = {fewest}'s time"
+                         for mode, (fewest, most, ratio) in ratios.items())
+    return (f"The P processes share this machine's {cores} cores (torch threads per process: {threads}), so a "
+            "speed-up from more devices cannot show here: whatever P, the same cores do the whole sequence's work. "
+            + (f"Measured: {measured}. " if ratios else "")
+            + ("Where the time falls with P on the same cores, the gain comes from how the work is cut and scheduled "
+               "(the score tile of one chunk pair has `(T / 2P)²` entries, smaller as P grows; one thread per process "
+               "instead of threads sharing each operation), not from more hardware. "
+               if any(ratio < 1 for _, _, ratio in ratios.values()) else "")
+            + "What P changes for each process is the memory it needs and the bytes it sends.")
+
+
+def bytes_note(result):
+    """The bytes per step, counted against computed, in words from the run."""
+    parts = []
+    for p, pair in ring_rows(result).items():
+        row = pair.get("forward")
+        if row is None or row["status"] != "ok" or p == 1:
+            continue
+        steps = len(row["expected_sent_bytes"])
+        parts.append(f"at P = {p}, {steps} forward {'step' if steps == 1 else 'steps'} of "
+                     f"{row['kv_block_bytes'] / 2**10:,.0f} KiB (one key/value block) per process, "
+                     + ("exactly the computed bytes on every process" if row["sent_as_expected"]
+                        else "NOT the computed bytes on some process"))
+    return ("Bytes on the wire: " + "; ".join(parts) + ".") if parts else ""
+
+
+def charts(result):
+    return {"ring": (plot_ring(result), ("ring attention: memory per process and time per call against the number of "
+                                         f"processes, {title_suffix(result)}"))}
+
+
+def tables(result):
+    return "\n\n".join(part for part in (ring_table(result), bytes_note(result), cores_note(result)) if part)
+
+
+def page(result, images):
+    return "\n\n".join(part for part in (
+        (f"Context-parallel (ring) attention on {sizes_text(result[NAME])} split over P local processes (gloo); each "
+         "call checked against the float64 reference on the whole sequence, its time the slowest process's:"),
+        ring_table(result), *images.values(), bytes_note(result), cores_note(result)) if part)
