@@ -272,7 +272,7 @@ def compiled_row(label, mode):
 
 compiled = {render.MODE_TITLES[mode]: (compiled_row("tiled", mode)["ms_median"], compiled_row("sdpa_causal", mode)["ms_median"])
             for mode in ("forward", "forward_backward")}
-from attention.bench.schema import CONTENDED_BELOW
+from attention.bench.metrics import CONTENDED_BELOW
 
 contended = [f"`{row['label']}`, {render.MODE_TITLES[mode]}, at {row['cpu_utilization']:.0%} of the CPU"
              for mode in ("forward", "forward_backward") for row in (compiled_row(label, mode) for label in ("tiled", "sdpa_causal"))
