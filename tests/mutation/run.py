@@ -228,6 +228,12 @@ def render(recorded):
         run_on = (f"`{record['commit'][:12]}`{'' if record['tree_clean'] else ' + uncommitted changes'}, "
                   f"{record['date_utc'][:10]}, torch {record['torch']}")
         lines.append(f"| {area} | {part['tried']} | {part['killed']} | {part['survived']} | {part['equivalent']} | {run_on} |")
+    listed = {}
+    for area, _ in load_mutants():
+        listed[area] = listed.get(area, 0) + 1
+    missing = [f"{area} ({count} mutants)" for area, count in sorted(listed.items()) if area not in areas]
+    if missing:
+        lines += ["", f"Not run yet, so not in the score: {', '.join(missing)} (`{COMMAND} --area <area>`)."]
     survivors = [r for r in results if r["outcome"] != "killed"]
     lines += ["", "Survivors:" if survivors else "No mutant survived.", ""]
     for r in survivors:
