@@ -135,7 +135,9 @@ def make_copy():
 def run_pytest(copy, tests, timeout=TIMEOUT_S):
     """Run `pytest <tests>` in `copy` with the copy's package on the path: `(exit code, output)`; code None on timeout."""
     env = {**os.environ, "PYTHONPATH": str(copy), "NO_MKDOCS_2_WARNING": "1", "MPLBACKEND": "Agg"}
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header", *shlex.split(tests)]
+    # -rfE: the short summary names the failing test (the project's addopts has -rs, which would leave it out).
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider", "--no-header",
+               *shlex.split(tests)]
     try:
         result = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as expired:
