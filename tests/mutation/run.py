@@ -248,7 +248,9 @@ def provenance():
     """What the copy is taken from, read when it is taken: the commit, and whether the copied paths differ from it."""
     import torch
 
-    return {"commit": git("rev-parse", "HEAD"), "tree_clean": git("status", "--porcelain", "--", *COPIED) == "",
+    # The run's own record is left out: an area run right after another starts while that one's record is uncommitted.
+    own_record = [f":(exclude){path.relative_to(ROOT)}" for path in (RESULTS, SUMMARY)]
+    return {"commit": git("rev-parse", "HEAD"), "tree_clean": git("status", "--porcelain", "--", *COPIED, *own_record) == "",
             "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "python": platform.python_version(), "torch": torch.__version__}
 
