@@ -114,7 +114,7 @@ MUTANTS = [
     Mutant("yarn_attention_factor_dropped", MODELS + "llama.py",
            "return (1 - ramp) * inv_freq + ramp * inv_freq / factor, float(attention_factor)",
            "return (1 - ramp) * inv_freq + ramp * inv_freq / factor, 1.0",
-           "YaRN's 0.1 ln(factor) + 1 on cos and sin forgotten", matches_transformers("qwen3")),
+           "YaRN's 0.1 ln(factor) + 1 on cos and sin forgotten", LLAMA),
     Mutant("rope_positions_restart_in_a_cache", MODELS + "llama.py",
            "    positions = torch.arange(start, start + length, device=like.device, dtype=dtype)  # (T,)\n"
            "    angles = positions[:, None] * inv_freq[None, :]  # (T, D/2)\n"
