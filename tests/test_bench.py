@@ -688,6 +688,28 @@ def test_paired_yardstick_cancels_a_drifting_machine():
     assert before["ms_median"] / timing["ms_median"] < 1.6  # unpaired: the drift shows
 
 
+def test_work_units_of_the_yardsticks_and_the_tolerance(monkeypatch):
+    """What each yardstick counts is in the units its rate claims: the matmul's FLOPs are what PyTorch's FLOP counter
+    counts for the call, the read's bytes are the bytes asked for in any dtype, a copy moves twice a read's bytes,
+    and a rate is work per second (not per millisecond). The correctness check allows the relative tolerance too."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    call, flops = metrics.matmul_call("cpu", torch.float32, 24)
+    with FlopCounterMode(display=False) as counter:
+        call()
+    assert flops == counter.get_total_flops()
+    for dtype in (torch.float32, torch.bfloat16):
+        assert metrics.bandwidth_call("cpu", dtype, nbytes=4096)[1] == 4096
+    monkeypatch.setattr(metrics, "time_callable", lambda *args, **kwargs: {"ms_median": 2.0})
+    rates = metrics.bandwidth_rate("cpu", torch.float32, nbytes=4096)
+    assert rates["read_gbps"] == pytest.approx(4096 / 2e-3 / 1e9) and rates["copy_gbps"] == pytest.approx(2 * rates["read_gbps"])
+    assert core.Yardstick(call, 3 * 10**12, "matmul_tflops_paired", 1e12).rate(1500.0) == pytest.approx(2.0)
+    reference = torch.linspace(-1000.0, 1000.0, 11, dtype=torch.float64)
+    assert metrics.compare_to_reference(reference * (1 + 5e-4), reference, metrics.TOLERANCES["float32"])[0] is True
+    assert metrics.compare_to_reference(reference + 1e-3, reference, metrics.TOLERANCES["float32"])[0] is False
+    assert metrics.compare_to_reference(reference * float("nan"), reference, metrics.TOLERANCES["float32"]) == (False, None)
+
+
 def test_rows_carry_the_paired_yardstick(result):
     measured = valid_rows(result)
     assert all(r["share_of_paired_matmul"] == pytest.approx(r["tflops"] / r["matmul_tflops_paired"]) for r in measured)

@@ -21,7 +21,7 @@ from helpers import tolerance
 from attention import IMPLEMENTATIONS
 from attention.gpt import data
 from attention.gpt.checkpoint import CHECKPOINT, PROVENANCE, load_gpt, read_provenance, save_checkpoint
-from attention.gpt.model import GPT, GPTConfig
+from attention.gpt.model import GPT, GPTConfig, pick_token
 from attention.gpt.train import main as train_main
 from attention.reference import reference_attention_class
 
@@ -131,6 +131,37 @@ def test_cached_forward_continues_the_full_forward(name, num_kv_heads):
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, **tolerance("cpu", torch.float32))
     torch.testing.assert_close(model.generate(idx[:, :5], 30, use_cache=True), model.generate(idx[:, :5], 30, use_cache=False),
                                rtol=0, atol=0)
+
+
+def test_generation_appends_the_most_likely_next_token_of_the_whole_sequence():
+    """Greedy generation, with or without caches, appends the argmax of the logits at the last position, the whole
+    sequence so far fed in; the config's K/V heads reach a grouped-query attention class."""
+    config = GPTConfig(context_length=16, d_model=16, num_layers=1, num_heads=2, num_kv_heads=1)
+    torch.manual_seed(0)
+    model = GPT(config, IMPLEMENTATIONS["gqa"]).eval()
+    assert model.blocks[0].attn.num_kv_heads == 1
+    with torch.no_grad():  # weights far from GPT-2's small init, so each position's logits differ clearly
+        for param in model.parameters():
+            param.normal_(0.0, 1.0 / math.sqrt(param.shape[-1]))
+        idx = torch.randint(0, 256, (2, 5), generator=torch.Generator().manual_seed(1))
+        expected = idx
+        for _ in range(4):
+            expected = torch.cat([expected, model(expected)[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
+    for use_cache in (False, True):
+        assert torch.equal(model.generate(idx, 4, use_cache=use_cache), expected)
+
+
+def test_sampling_divides_by_the_temperature_and_keeps_the_top_k(monkeypatch):
+    logits = torch.tensor([[0.0, 1.0, 2.0, 2.0, -1.0]])
+    drawn_from = []
+    monkeypatch.setattr(torch, "multinomial", lambda probs, n, generator=None: drawn_from.append(probs) or probs[:, :1].long())
+    pick_token(logits, temperature=0.5)
+    torch.testing.assert_close(drawn_from[-1], torch.softmax(logits * 2, dim=-1))
+    pick_token(logits, temperature=0.5, top_k=2)  # the two largest are tied: both kept, the rest never drawn
+    torch.testing.assert_close(drawn_from[-1], torch.tensor([[0.0, 0.0, 0.5, 0.5, 0.0]]))
+    pick_token(logits, temperature=2.0, top_k=3)
+    kept = torch.tensor([[float("-inf"), 1.0, 2.0, 2.0, float("-inf")]])
+    torch.testing.assert_close(drawn_from[-1], torch.softmax(kept / 2, dim=-1))
 
 
 def test_a_class_without_a_cache_says_so():

@@ -37,7 +37,8 @@ GEMMA3_ROPE = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_th
 CASES = {  # name: (model_type, the tiny configuration's fields beyond TINY)
     "llama": ("llama", dict(attention_bias=True, rope_parameters=LLAMA3_ROPE)),
     "mistral": ("mistral", dict(sliding_window=4)),
-    "qwen2": ("qwen2", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1)),
+    # YaRN here too: llama.py's own copy of rope_frequencies runs it only for this class (Qwen2.5's long-context setting).
+    "qwen2": ("qwen2", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1, rope_parameters=YARN_ROPE)),
     "qwen3": ("qwen3", dict(use_sliding_window=True, sliding_window=5, max_window_layers=1, rope_parameters=YARN_ROPE)),
     "olmo2": ("olmo2", dict(num_key_value_heads=4)),  # multi-head, as OLMo 2 7B
     "gemma2": ("gemma2", dict(sliding_window=4, query_pre_attn_scalar=12, attn_logit_softcapping=2.0)),

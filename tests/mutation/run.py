@@ -135,7 +135,9 @@ def make_copy():
 def run_pytest(copy, tests, timeout=TIMEOUT_S):
     """Run `pytest <tests>` in `copy` with the copy's package on the path: `(exit code, output)`; code None on timeout."""
     env = {**os.environ, "PYTHONPATH": str(copy), "NO_MKDOCS_2_WARNING": "1", "MPLBACKEND": "Agg"}
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header", *shlex.split(tests)]
+    # -rfE: the short summary names the failing test (the project's addopts has -rs, which would leave it out).
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider", "--no-header",
+               *shlex.split(tests)]
     try:
         result = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as expired:
@@ -228,6 +230,12 @@ def render(recorded):
         run_on = (f"`{record['commit'][:12]}`{'' if record['tree_clean'] else ' + uncommitted changes'}, "
                   f"{record['date_utc'][:10]}, torch {record['torch']}")
         lines.append(f"| {area} | {part['tried']} | {part['killed']} | {part['survived']} | {part['equivalent']} | {run_on} |")
+    listed = {}
+    for area, _ in load_mutants():
+        listed[area] = listed.get(area, 0) + 1
+    missing = [f"{area} ({count} mutants)" for area, count in sorted(listed.items()) if area not in areas]
+    if missing:
+        lines += ["", f"Not run yet, so not in the score: {', '.join(missing)} (`{COMMAND} --area <area>`)."]
     survivors = [r for r in results if r["outcome"] != "killed"]
     lines += ["", "Survivors:" if survivors else "No mutant survived.", ""]
     for r in survivors:
@@ -240,7 +248,9 @@ def provenance():
     """What the copy is taken from, read when it is taken: the commit, and whether the copied paths differ from it."""
     import torch
 
-    return {"commit": git("rev-parse", "HEAD"), "tree_clean": git("status", "--porcelain", "--", *COPIED) == "",
+    # The run's own record is left out: an area run right after another starts while that one's record is uncommitted.
+    own_record = [f":(exclude){path.relative_to(ROOT)}" for path in (RESULTS, SUMMARY)]
+    return {"commit": git("rev-parse", "HEAD"), "tree_clean": git("status", "--porcelain", "--", *COPIED, *own_record) == "",
             "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "python": platform.python_version(), "torch": torch.__version__}
 

@@ -1,0 +1,76 @@
+"""Plausible bugs in multi-head latent attention (attention/models/deepseek_v3.py): the absorbed path, the
+split of the rotary slice, YaRN's mscale, the latent cache, and the cost counts.
+
+The fast checks: the layer against transformers' DeepSeek-V2/V3 layers (both paths, four tiny random
+configurations: query compression or not, YaRN with an attention factor and an mscale that are not 1,
+interleaved pairs or halves), decoding step by step against the full forward, and the counts against
+torch's FLOP counter and allocated caches (tests/test_mla.py).
+"""
+
+from mutant import Mutant
+
+MLA = "attention/models/deepseek_v3.py"
+LAYER = "tests/test_mla.py -k 'matches_transformers or decoding_every_step'"
+COUNTS = "tests/test_mla.py -k 'flops or bytes'"
+
+MUTANTS = [
+    # The absorbed path.
+    Mutant("absorbed_heads_interleaved", MLA,
+           "w_kv = self.kv_b_proj.weight.view(H, Dn + Dv, Dc)", "w_kv = self.kv_b_proj.weight.view(Dn + Dv, H, Dc).transpose(0, 1)",
+           "kv_b_proj's rows read as (feature, head) instead of head by head: every head folds another's W^UK, W^UV", LAYER),
+    Mutant("absorbed_rotary_scores_forgotten", MLA,
+           "scores = (torch.matmul(q_latent.reshape(B, H * T, Dc), latent[:, 0].transpose(1, 2))  # (B, H*T, Dc) @ (B, Dc, S) -> (B, H*T, S)\n"
+           "                  + torch.matmul(q_rope.reshape(B, H * T, Dr), k_rope[:, 0].transpose(1, 2)))",
+           "scores = (torch.matmul(q_latent.reshape(B, H * T, Dc), latent[:, 0].transpose(1, 2)))",
+           "the absorbed scores over the latent only: the decoupled rotary key's part forgotten", LAYER),
+    Mutant("absorbed_unscaled", MLA,
+           "scores = scores.view(B, H, T, S) * self.scaling  # (B, H, T, S)", "scores = scores.view(B, H, T, S)  # (B, H, T, S)",
+           "the absorbed path's softmax scale forgotten (SDPA applies it in the naive path)", LAYER),
+    Mutant("absorbed_value_up_projection_of_the_key", MLA,
+           "return torch.einsum(\"bhtc,hvc->bhtv\", context_latent, w_uv)",
+           "return torch.einsum(\"bhtc,hvc->bhtv\", context_latent, w_kv[:, -Dv:].flip(1))",
+           "W^UV taken in reversed feature order when sliced from kv_b_proj", LAYER),
+    # The rotary slice and the latent.
+    Mutant("query_rope_slice_from_the_front", MLA,
+           "q_nope, q_rope = q.split([Dn, Dr], dim=-1)", "q_rope, q_nope = q.split([Dr, Dn], dim=-1)",
+           "each head's rotary part taken from the front of the query instead of the back", LAYER),
+    Mutant("rope_key_slice_from_the_front", MLA,
+           "latent, k_rope = self.kv_a_proj_with_mqa(x).split([Dc, Dr], dim=-1)",
+           "k_rope, latent = self.kv_a_proj_with_mqa(x).split([Dr, Dc], dim=-1)",
+           "the shared rotary key taken from the front of kv_a_proj_with_mqa's output", LAYER),
+    Mutant("latent_not_normalised", MLA,
+           "latent = self.kv_a_layernorm(latent).unsqueeze(1)", "latent = latent.unsqueeze(1)",
+           "kv_a_layernorm forgotten: the cached latent is not normalised", LAYER),
+    Mutant("rope_halves_for_interleaved", MLA,
+           "        first, second = x[..., 0::2], x[..., 1::2]  # (B, heads, T, Dr/2) each\n    else:",
+           "        first, second = x.chunk(2, dim=-1)\n    else:",
+           "DeepSeek's interleaved rotary pairs read as halves", LAYER),
+    # YaRN's scales.
+    Mutant("mscale_not_squared", MLA,
+           "scale *= mscale * mscale", "scale *= mscale",
+           "the score scale multiplied by mscale once, not by its square as DeepSeek's code does", LAYER),
+    Mutant("rope_attention_factor_dropped", MLA,
+           "cos, sin = torch.cos(angles) * self.rope_attention_factor, torch.sin(angles) * self.rope_attention_factor",
+           "cos, sin = torch.cos(angles), torch.sin(angles)",
+           "YaRN's attention factor (mscale / mscale_all_dim) left off the rotary parts", LAYER),
+    # The cache.
+    Mutant("rotary_positions_restart_in_a_cache", MLA,
+           "positions = torch.arange(start, start + length, dtype=torch.float64)  # (T,)",
+           "positions = torch.arange(length, dtype=torch.float64)  # (T,)",
+           "a decoded token rotated as position 0 instead of its place after the cache", LAYER),
+    Mutant("latent_cache_mask_top_left", MLA,
+           "query_pos = torch.arange(start, start + T, device=latent.device)  # (T,)",
+           "query_pos = torch.arange(T, device=latent.device)  # (T,)",
+           "a chunk's queries counted from 0: the causal mask aligned top-left once the cache holds a past", LAYER),
+    # The cost counts.
+    Mutant("absorbed_flops_without_the_value_up_projection", MLA,
+           " + 2 * H * T * S * Dc + 2 * H * T * Dc * Dv\n", " + 2 * H * T * S * Dc\n",
+           "the absorbed path's W^UV after attention left out of its FLOPs", COUNTS),
+    Mutant("naive_bytes_write_only", MLA,
+           "return read + 2 * batch_size * context * H * (Dn + Dr + Dv) * element_size",
+           "return read + batch_size * context * H * (Dn + Dr + Dv) * element_size",
+           "the naive path's expanded keys and values counted once, written but not read back", COUNTS),
+    Mutant("kv_cache_bytes_keys_only", MLA,
+           "return 2 * num_kv_heads * config_value(config, \"v_head_dim\")", "return num_kv_heads * config_value(config, \"v_head_dim\")",
+           "the comparison KV cache counted with keys only", COUNTS),
+]

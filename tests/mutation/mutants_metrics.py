@@ -1,0 +1,81 @@
+"""Plausible bugs in the benchmark's numbers (attention/bench/): FLOP counts, bytes, rates and shares.
+
+A wrong count here is a wrong published number on every row (issue 35's fifth survivor: the FLOPs of
+grouped-query attention counted at the K/V width of multi-head attention). The fast checks are the FLOP
+convention tests, the validator (which recomputes each row's work and rates from its shape and time) on a
+small run, and the decode sweep's bytes and FLOPs test.
+"""
+
+from mutant import Mutant
+
+METRICS = "attention/bench/metrics.py"
+CORE = "attention/bench/core.py"
+SEQUENCE = "attention/bench/sweeps/sequence.py"
+DECODE = "attention/bench/sweeps/decode.py"
+FLOPS = "tests/test_bench.py -k flop"  # the convention, the GQA width (on the small run) and the validator's check
+VALIDATOR = "tests/test_bench.py -k 'fresh_run or rows_carry'"  # a small run, validated: rates and shares recomputed
+DECODE_TESTS = "tests/test_decode.py -k 'bytes_and_flops or complete_correct'"
+YARDSTICKS = "tests/test_bench.py -k work_units"
+
+MUTANTS = [
+    Mutant("gqa_flops_at_the_mha_kv_width", METRICS,
+           "d_kv = d_out if num_kv_heads is None else num_kv_heads * (d_out // num_heads)", "d_kv = d_out",
+           "the K/V projections counted at d_out whatever the K/V heads: GQA/MQA TFLOP/s inflated (issue 35)", FLOPS),
+    Mutant("gqa_flops_kv_width_of_one_head", METRICS,
+           "d_kv = d_out if num_kv_heads is None else num_kv_heads * (d_out // num_heads)",
+           "d_kv = d_out if num_kv_heads is None else d_out // num_heads",
+           "the K/V width of one head (MQA's) used for every grouped-query row", FLOPS),
+    Mutant("causal_core_not_halved", METRICS,
+           "core = 4 * batch * num_heads * seq_len * seq_len * (d_out // num_heads) // 2",
+           "core = 4 * batch * num_heads * seq_len * seq_len * (d_out // num_heads)",
+           "the causal mask's halving of the useful score work forgotten", FLOPS),
+    Mutant("core_counts_one_matmul", METRICS,
+           "core = 4 * batch * num_heads * seq_len * seq_len * (d_out // num_heads) // 2",
+           "core = 2 * batch * num_heads * seq_len * seq_len * (d_out // num_heads) // 2",
+           "Q K^T counted, P V forgotten", FLOPS),
+    Mutant("output_projection_not_counted", METRICS,
+           "projections = 2 * batch * seq_len * d_in * (d_out + 2 * d_kv) + 2 * batch * seq_len * d_out * d_out",
+           "projections = 2 * batch * seq_len * d_in * (d_out + 2 * d_kv)",
+           "the output projection left out of the projections' FLOPs", FLOPS),
+    Mutant("backward_replaces_the_forward", METRICS,
+           "projections = projections * (1 + BACKWARD_FACTOR_PROJECTIONS)",
+           "projections = projections * BACKWARD_FACTOR_PROJECTIONS",
+           "forward_backward counts the backward alone, not forward plus backward", FLOPS),
+    Mutant("attention_backward_factor_two", METRICS,
+           "BACKWARD_FACTOR_ATTENTION = 2.5", "BACKWARD_FACTOR_ATTENTION = 2.0",
+           "the attention core's backward counted like a matmul's (2x), not FlashAttention's 2.5x", FLOPS),
+    Mutant("matmul_yardstick_flops_halved", METRICS,
+           "return (lambda: torch.mm(a, b)), 2 * size**3", "return (lambda: torch.mm(a, b)), size**3",
+           "a multiply-add counted as one FLOP in the matmul yardstick: every share of it doubled", YARDSTICKS),
+    Mutant("bandwidth_yardstick_counts_elements", METRICS,
+           "return (lambda: data.sum()), data.nbytes", "return (lambda: data.sum()), elements",
+           "elements for bytes in the read yardstick: GB/s off by the element size", YARDSTICKS),
+    Mutant("copy_rate_counts_the_read_only", METRICS,
+           "2 * source.nbytes)):", "source.nbytes)):",
+           "a copy's bytes counted once, its write forgotten: copy GB/s halved", YARDSTICKS),
+    Mutant("tolerance_without_its_relative_part", METRICS,
+           "allowed = tolerance[\"atol\"] + tolerance[\"rtol\"] * reference.abs()", "allowed = tolerance[\"atol\"]",
+           "the relative tolerance dropped: large correct outputs flagged wrong", YARDSTICKS),
+    Mutant("yardstick_rate_in_milliseconds", CORE,
+           "return self.work / (ms * 1e-3) / self.scale", "return self.work / ms / self.scale",
+           "milliseconds taken for seconds: every paired yardstick rate 1000x too low", YARDSTICKS),
+    Mutant("row_tflops_in_milliseconds", SEQUENCE,
+           "row[\"tflops\"] = row[\"flops\"] / (row[\"ms_median\"] * 1e-3) / 1e12",
+           "row[\"tflops\"] = row[\"flops\"] / row[\"ms_median\"] / 1e12",
+           "a row's TFLOP/s from milliseconds as if seconds", VALIDATOR),
+    Mutant("row_share_inverted", SEQUENCE,
+           "row[\"share_of_paired_matmul\"] = row[\"tflops\"] / row[\"matmul_tflops_paired\"]",
+           "row[\"share_of_paired_matmul\"] = row[\"matmul_tflops_paired\"] / row[\"tflops\"]",
+           "the share of the paired matmul computed upside down", VALIDATOR),
+    Mutant("decode_attention_flops_per_kv_head", DECODE,
+           "4 * row[\"batch\"] * row[\"num_heads\"] * row[\"positions_read\"] * row[\"head_dim\"]",
+           "4 * row[\"batch\"] * row[\"num_kv_heads\"] * row[\"positions_read\"] * row[\"head_dim\"]",
+           "a decode step's score work counted per K/V head instead of per query head", DECODE_TESTS),
+    Mutant("decode_bytes_without_the_weights", DECODE,
+           "row[\"bytes_read\"] = row[\"cache_bytes_read\"] + row[\"weight_bytes\"]",
+           "row[\"bytes_read\"] = row[\"cache_bytes_read\"]",
+           "a decode step's bytes: the weights it reads once per step forgotten", DECODE_TESTS),
+    Mutant("decode_cache_read_at_the_full_context", DECODE,
+           "cache_bytes_read=batch * row[\"positions_read\"] * per_token", "cache_bytes_read=batch * context * per_token",
+           "the cache read counted at the context, without the new token (or a window's shorter read)", DECODE_TESTS),
+]
