@@ -688,6 +688,15 @@ def test_paired_yardstick_cancels_a_drifting_machine():
     assert before["ms_median"] / timing["ms_median"] < 1.6  # unpaired: the drift shows
 
 
+def test_a_rows_rate_and_share_from_its_own_numbers():
+    """`core.matmul_rates`, which the sweeps record and the validator expects: 2e12 FLOPs in 1,000 ms is 2 TFLOP/s,
+    half of a 4 TFLOP/s paired matmul (the validator cannot catch a wrong formula here: it uses the same one)."""
+    from attention.bench import core
+
+    rates = core.matmul_rates({"flops": 2e12, "ms_median": 1000.0, "matmul_tflops_paired": 4.0})
+    assert rates == pytest.approx({"tflops": 2.0, "share_of_paired_matmul": 0.5})
+
+
 def test_work_units_of_the_yardsticks_and_the_tolerance(monkeypatch):
     """What each yardstick counts is in the units its rate claims: the matmul's FLOPs are what PyTorch's FLOP counter
     counts for the call, the read's bytes are the bytes asked for in any dtype, a copy moves twice a read's bytes,

@@ -16,6 +16,8 @@ FLOPS = "tests/test_bench.py -k flop"  # the convention, the GQA width (on the s
 VALIDATOR = "tests/test_bench.py -k 'fresh_run or rows_carry'"  # a small run, validated: rates and shares recomputed
 DECODE_TESTS = "tests/test_decode.py -k 'bytes_and_flops or complete_correct'"
 YARDSTICKS = "tests/test_bench.py -k work_units"
+# core.matmul_rates is what the sweeps record and the validator expects (one definition): a hand-computed row checks it.
+RATES = "tests/test_bench.py -k rate_and_share_from_its_own_numbers"
 
 MUTANTS = [
     Mutant("gqa_flops_at_the_mha_kv_width", METRICS,
@@ -59,14 +61,14 @@ MUTANTS = [
     Mutant("yardstick_rate_in_milliseconds", CORE,
            "return self.work / (ms * 1e-3) / self.scale", "return self.work / ms / self.scale",
            "milliseconds taken for seconds: every paired yardstick rate 1000x too low", YARDSTICKS),
-    Mutant("row_tflops_in_milliseconds", SEQUENCE,
-           "row[\"tflops\"] = row[\"flops\"] / (row[\"ms_median\"] * 1e-3) / 1e12",
-           "row[\"tflops\"] = row[\"flops\"] / row[\"ms_median\"] / 1e12",
-           "a row's TFLOP/s from milliseconds as if seconds", VALIDATOR),
-    Mutant("row_share_inverted", SEQUENCE,
-           "row[\"share_of_paired_matmul\"] = row[\"tflops\"] / row[\"matmul_tflops_paired\"]",
-           "row[\"share_of_paired_matmul\"] = row[\"matmul_tflops_paired\"] / row[\"tflops\"]",
-           "the share of the paired matmul computed upside down", VALIDATOR),
+    Mutant("row_tflops_in_milliseconds", CORE,
+           "tflops = row[\"flops\"] / (row[\"ms_median\"] * 1e-3) / 1e12",
+           "tflops = row[\"flops\"] / row[\"ms_median\"] / 1e12",
+           "a row's TFLOP/s from milliseconds as if seconds", RATES),
+    Mutant("row_share_inverted", CORE,
+           "\"share_of_paired_matmul\": tflops / (row[\"matmul_tflops_paired\"] or math.nan)",
+           "\"share_of_paired_matmul\": (row[\"matmul_tflops_paired\"] or math.nan) / tflops",
+           "the share of the paired matmul computed upside down", RATES),
     Mutant("decode_attention_flops_per_kv_head", DECODE,
            "4 * row[\"batch\"] * row[\"num_heads\"] * row[\"positions_read\"] * row[\"head_dim\"]",
            "4 * row[\"batch\"] * row[\"num_kv_heads\"] * row[\"positions_read\"] * row[\"head_dim\"]",
