@@ -134,7 +134,8 @@ def test_unknown_fields_a_huge_rows_list_and_a_huge_file_are_refused(tmp_path):
         assert f"{field}: unknown field" in problems, problems
     huge = copy.deepcopy(FILES["decode"])
     huge["decode"]["rows"] *= 2000
-    assert "decode.rows: 6000 items, at most 5000" in results.validate(huge)
+    assert len(huge["decode"]["rows"]) > results.MAX_ROWS
+    assert f"decode.rows: {len(huge['decode']['rows'])} items, at most {results.MAX_ROWS}" in results.validate(huge)
     big = tmp_path / "cpu-big.json"
     big.write_text(" " * (results.MAX_FILE_BYTES + 1) + "{}")
     assert results.check_file(big)["problems"] == ["cannot be read: 16.0 MiB, at most 16 MiB"]
