@@ -217,6 +217,8 @@ show_table("Every call against the full forward (float64, max |difference|)",
 cache = caches["absorbed"]
 per_position = Dc + Dr
 assert cache.nbytes == B * cache.capacity * per_position * 8  # float64: 8 bytes
+
+# %% tags=["hide-input"]
 show_markdown(f"Here {B} x {cache.capacity} x ({Dc} + {Dr}) x 8 = {cache.nbytes:,} bytes; a KV cache of this "
               f"layer's keys and values ({H} heads of {Dn + Dr} + {Dv}) would hold {H * (Dn + Dr + Dv) / per_position:.1f} "
               f"times as much.")

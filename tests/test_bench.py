@@ -744,7 +744,7 @@ def test_bfloat16_section_compares_a_devices_two_dtypes(result, tmp_path, monkey
                                                    "cpu-test-bfloat16.json": bf16})
     section = hook.dtype_section()
     assert "**Test Host, AVX2**" in section and "| `split_heads` |" in section and "0.50×" in section
-    assert "slower: `split_heads` (0.50×)" in section and "examples/benchmark.py#bfloat16-on-this-cpu" in section
+    assert "slower: `split_heads` (0.50×)" in section and "examples/benchmark.py#bfloat16-on-a-cpu" in section
 
 
 def test_add_your_device_page_is_filled_from_the_hook(result, tmp_path, monkeypatch):

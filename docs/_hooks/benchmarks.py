@@ -206,7 +206,7 @@ def dtype_section(_=None):
         + render.dtype_comparison_table(fp32, bf16)] + [render.dtype_verdict(fp32, bf16, mode) for mode in
                                                         render.dtype_comparison(fp32, bf16)["modes"]]]
     return "\n\n".join(parts + ["Why, measured piece by piece (the projections' matmuls, the attention core, the softmax): "
-                                "[bfloat16 on this CPU](examples/benchmark.py#bfloat16-on-this-cpu)."]) if parts else \
+                                "[bfloat16 on a CPU](examples/benchmark.py#bfloat16-on-a-cpu)."]) if parts else \
         "No device has recorded runs in both float32 and bfloat16 yet."
 
 
