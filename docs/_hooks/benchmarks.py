@@ -1,9 +1,9 @@
 """MkDocs hook: the benchmark's results on the Benchmarks, home, "Add your device" and schema pages.
 
-`on_pre_build` validates every file under `docs/results/` (an invalid one fails the build in the validator's
-words), reads each folder's runs, escaped, and runs the quick profile on this CPU for the "CPU, this build" tab
-(`mkdocs build` always, kept in `.cache/bench/` under a hash of `attention/`; `mkdocs serve` reuses that run, else
-shows the newest recorded CPU run and says so); `examples/benchmark.py` gets the run's path in `ENV_VAR`.
+`on_pre_build` validates every file under `docs/results/` (an invalid one fails the build in the validator's words),
+reads each folder's runs, escaped, and runs the quick profile for the "CPU, this build" tab (`mkdocs build` always,
+into `quick_run_path`; `mkdocs serve` reuses it, else shows the newest recorded CPU run and says so);
+`examples/benchmark.py` gets the run's path in `ENV_VAR`.
 `on_files` draws each run's charts (its sweeps' `charts`); `on_page_markdown` fills the `PLACEHOLDERS`.
 """
 
@@ -63,6 +63,10 @@ def run_quick_benchmark(root, out):  # measured into a temporary folder, then mo
     shutil.rmtree(measured.parent, ignore_errors=True)
 
 
+def quick_run_path(root):  # the quick run of these sources: .cache/bench/, under a hash of attention/
+    return root / ".cache" / "bench" / f"cpu-quick-{bench.source_hash()[:16]}.json"
+
+
 def on_pre_build(config):
     root = pathlib.Path(config.config_file_path).resolve().parent
     results_dir = root / "docs" / "results"
@@ -77,7 +81,7 @@ def on_pre_build(config):
         state["runs"][folder.relative_to(results_dir).as_posix()] = sorted(
             runs, key=lambda run: (run[1]["profile"] != "default", run[1]["dtype"] != "float32"))
     state["recorded"] = state["runs"]["."]
-    out = root / ".cache" / "bench" / f"cpu-quick-{bench.source_hash()[:16]}.json"
+    out = quick_run_path(root)
     if state["command"] != "serve":
         out.parent.mkdir(parents=True, exist_ok=True)
         run_quick_benchmark(root, out)
