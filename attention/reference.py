@@ -230,6 +230,17 @@ def canonical_weights(d_in, d_out, seed):
             for name, shape in shapes.items()}
 
 
+def randomised_parameters(module, seed):
+    """`module` with every parameter drawn from `seed`: weights as `nn.Linear` draws them (uniform in
+    ±1/sqrt(fan_in)), norm weights and sinks uniform in ±1. The benchmark's layers of `attention.models`."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            bound = 1 / math.sqrt(parameter.shape[-1]) if parameter.dim() > 1 else 1.0
+            parameter.copy_((torch.rand(parameter.shape, generator=generator) * 2 - 1) * bound)
+    return module
+
+
 def kv_heads_state(state, num_heads, num_kv_heads):
     """`state` for a module with `num_kv_heads` K/V heads: the first `num_kv_heads` heads' rows of `key.*` and
     `value.*` (all of them, so the very same tensors, for multi-head classes)."""

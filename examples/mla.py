@@ -475,5 +475,36 @@ for path, result in mla_runs:
     show_markdown("\n".join(lines))
 
 # %% [markdown]
-# The prefill time of the two paths (a long chunk at once, where the FLOP counts above favour the
-# naive path) is not measured by the benchmark yet; this page quotes no timing for it.
+# ## Measured: prefill
+#
+# The benchmark's prefill sweep (`attention/bench/sweeps/prefill.py`, `--profile prefill`) runs the same
+# MLA layer on whole prompts, no cache, on both paths with the same weights: one causal forward of `T`
+# tokens, checked against `reference_latent_attention`, its matmul FLOPs counted by
+# `latent_attention_flops` and set beside a matmul timed in the same blocks. Here the FLOP counts above
+# favour the naive path at every length; the rows say what the time does. The runs recorded in
+# `docs/results/prefill/`:
+
+# %% tags=["hide-input"]
+from attention.bench.sweeps import prefill
+
+prefill_runs = [(path, render.load_result(path)) for path in render.find_results(render.RESULTS_DIR / "prefill")]
+if not prefill_runs:
+    show_markdown("**Not recorded yet.** No prefill run is recorded in `docs/results/prefill/`, so this page quotes "
+                  "no prefill timing: speed is measured, not asserted. The prefill profile records one: "
+                  "`python -m attention.bench --profile prefill --out docs/results/prefill/<device>-prefill.json`.")
+for path, result in prefill_runs:
+    section = result["prefill"]
+    show_markdown(f"`docs/results/prefill/{path.name}`: {render.run_line(result)} One layer, batch {section['batch']}, "
+                  f"{section['num_heads']} query heads of {section['head_dim']}; each cell: median time, TFLOP/s and the "
+                  "share of the matmul timed beside the row.\n\n" + prefill.prefill_table(result))
+    show(prefill.plot_prefill(result))
+    found, both = prefill.naive_faster_from(result)
+    here = render.device_label(result["provenance"]["device"])  # decode runs of the same kind of device only
+    decode_pairs = [(a, n) for _, decoded in mla_runs if render.device_label(decoded["provenance"]["device"]) == here
+                    for a in render.decode_rows(decoded, model="MLA", kernel="absorbed")
+                    for n in render.decode_rows(decoded, batch=a["batch"], model="MLA", kernel="naive", context=a["context"])]
+    decode_absorbed_wins = bool(decode_pairs) and all(a["tokens_per_s"] > n["tokens_per_s"] for a, n in decode_pairs)
+    show_markdown(prefill.summary(result) + (
+        f" So on {here}: **absorbed for decoding** (every decode step recorded on it above), **naive for a prefill** "
+        + ("at every prompt length measured" if found == both[0] else f"from {found:,} tokens on") + "."
+        if found is not None and decode_absorbed_wins else ""))

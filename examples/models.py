@@ -588,15 +588,19 @@ show_markdown(
 # The benchmark's decode sweep (`attention/bench/sweeps/decode.py`) times one decode step of one layer
 # of each kind, built by `from_config` from the published configurations above at the sweep's head
 # count and size, with each model's own query heads per K/V head, window, norms, scale, RoPE and
-# sinks: Llama 3.1's global layer (`Llama-3`), Gemma 3 27B's local layer (`Gemma-3-local`), and
-# gpt-oss-120b's local and global layers (`gpt-oss-local`, `gpt-oss-global`), both with sinks; beside
+# sinks: Llama 3.1's global layer (`Llama-3`), Gemma 3 27B's local layer (`Gemma-3-local`), Gemma 2
+# 27B's soft-capped local and global layers (`Gemma-2-local`, `Gemma-2-global`), gpt-oss-120b's local
+# and global layers (`gpt-oss-local`, `gpt-oss-global`), both with sinks, and Llama 4 Scout's chunked
+# RoPE layer and its NoPE global layer with the query temperature (`Llama-4-chunked`, `Llama-4-NoPE`;
+# 4 query heads per K/V head, since Scout's 40:8 does not divide the sweep's query heads); beside
 # them, the plain `GQA` layer. Each step is checked against `reference_model_attention` over what the
 # cache holds. The runs recorded in `docs/results/decode/`:
 
 # %% tags=["hide-input"]
 from attention.bench import render
 
-LAYER_ROWS = ["Llama-3", "Gemma-3-local", "gpt-oss-local", "gpt-oss-global"]  # the decode sweep's names
+LAYER_ROWS = ["Llama-3", "Gemma-3-local", "Gemma-2-local", "Gemma-2-global", "gpt-oss-local", "gpt-oss-global",
+              "Llama-4-chunked", "Llama-4-NoPE"]  # the decode sweep's names
 decode_runs = [(path, render.load_result(path)) for path in render.find_results(render.RESULTS_DIR / "decode")]
 layer_runs = [(path, result) for path, result in decode_runs
               if any(render.decode_rows(result, model=model) for model in LAYER_ROWS)]
@@ -609,10 +613,13 @@ if not layer_runs:
 for path, result in layer_runs:
     show_markdown(f"`docs/results/decode/{path.name}`: {render.run_line(result)} One attention layer of "
                   f"{result['decode']['num_heads']} query heads of {result['decode']['head_dim']} (windows: Gemma 3 "
-                  f"{PUBLISHED['Gemma 3 27B']['config']['sliding_window']:,} positions, gpt-oss "
-                  f"{PUBLISHED['gpt-oss-120b']['config']['sliding_window']:,}), the fastest "
-                  "kernel per layer (each layer runs its own: `sdpa`, or `matmul` where sinks need the written-out "
-                  "softmax); each cell: tokens per second and the share of the read bandwidth measured beside it.\n\n"
+                  f"{PUBLISHED['Gemma 3 27B']['config']['sliding_window']:,} positions, Gemma 2 "
+                  f"{PUBLISHED['Gemma 2 27B']['config']['sliding_window']:,}, gpt-oss "
+                  f"{PUBLISHED['gpt-oss-120b']['config']['sliding_window']:,}; Llama 4's chunks "
+                  f"{PUBLISHED['Llama 4 Scout']['config']['attention_chunk_size']:,}), the fastest "
+                  "kernel per layer (each layer runs its own: `sdpa`, or `matmul` where sinks or the soft-cap need the "
+                  "written-out softmax); each cell: tokens per second and the share of the read bandwidth measured "
+                  "beside it.\n\n"
                   + render.decode_summary_table(result, contexts=[1024, 4096, 16384, 32768], models=["GQA", *LAYER_ROWS]))
     show(render.plot_decode(result, "tokens_per_s", models=["GQA", *LAYER_ROWS]))
     at_16k = {model: render.decode_best(result, model, 1, 16384) for model in LAYER_ROWS}

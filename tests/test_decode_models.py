@@ -14,11 +14,13 @@ from bench_tables import TINY_DECODE, quick_yardsticks
 
 from attention.bench import core, profiles, render
 from attention.bench.sweeps import decode
-from attention.models.deepseek_v3 import latent_attention_flops
+from attention.models.deepseek_v3 import latent_attention_flops, latent_config
 from attention.reference import model_reference_kwargs, reference_model_attention
 
-NEW = ("Llama-3", "Gemma-3-local", "gpt-oss-local", "gpt-oss-global", "MLA")
-WINDOWS = {"Gemma-3-local": 1024, "gpt-oss-local": 128}  # the published models' windows
+NEW = ("Llama-3", "Gemma-3-local", "Gemma-2-local", "Gemma-2-global", "gpt-oss-local", "gpt-oss-global",
+       "Llama-4-chunked", "Llama-4-NoPE", "MLA")
+# The published models' windows (Llama 4: its chunk, which its cache keeps whole).
+WINDOWS = {"Gemma-3-local": 1024, "Gemma-2-local": 4096, "gpt-oss-local": 128, "Llama-4-chunked": 8192}
 
 
 def run_decode(**config):
@@ -35,8 +37,9 @@ def result():
 def test_every_new_model_gives_correct_valid_rows(result):
     rows = result["decode"]["rows"]
     assert [(r["model"], r["kernel"]) for r in rows[::2]] == [
-        ("Llama-3", "sdpa"), ("Gemma-3-local", "sdpa"), ("gpt-oss-local", "matmul"), ("gpt-oss-global", "matmul"),
-        ("MLA", "absorbed"), ("MLA", "naive")]
+        ("Llama-3", "sdpa"), ("Gemma-3-local", "sdpa"), ("Gemma-2-local", "matmul"), ("Gemma-2-global", "matmul"),
+        ("gpt-oss-local", "matmul"), ("gpt-oss-global", "matmul"), ("Llama-4-chunked", "sdpa"),
+        ("Llama-4-NoPE", "sdpa"), ("MLA", "absorbed"), ("MLA", "naive")]
     assert all(r["status"] == "ok" and r["correct"] is True for r in rows), [r["reason"] for r in rows]
     assert render.validate_result(result) == []
     assert all(r["sdpa_backends"] != ["n/a"] for r in rows if r["kernel"] in ("sdpa", "naive"))  # naive runs SDPA
@@ -51,15 +54,25 @@ def test_positions_bytes_and_flops_follow_from_the_layers(result):
         assert row["weight_bytes"] == sum(p.numel() for p in module.parameters()) * 4
         if row["model"] == "MLA":  # the latent (4 head sizes) and the rotary key (half a head size) per position
             assert (row["num_kv_heads"], row["cache_bytes_per_token"]) == (1, (4 * 16 + 8) * 4)
-            expected = 2 * latent_attention_flops(decode.latent_config(8, 16), 1, row["positions_read"], row["kernel"])
+            expected = 2 * latent_attention_flops(latent_config(8, 16), 1, row["positions_read"], row["kernel"])
         else:
             assert row["cache_bytes_per_token"] == 2 * module.num_key_value_heads * 16 * 4
             expected = 2 * 2 * row["weight_bytes"] // 4 + 4 * 2 * 8 * row["positions_read"] * 16
         assert row["flops"] == expected
         assert row["cache_bytes_read"] == 2 * row["positions_read"] * row["cache_bytes_per_token"]
     windowed = {r["model"]: r["positions_read"] for r in result["decode"]["rows"] if r["context"] == 1100}
-    assert windowed == {"Llama-3": 1101, "Gemma-3-local": 1024, "gpt-oss-local": 128, "gpt-oss-global": 1101,
+    assert windowed == {"Llama-3": 1101, "Gemma-3-local": 1024, "Gemma-2-local": 1101, "Gemma-2-global": 1101,
+                        "gpt-oss-local": 128, "gpt-oss-global": 1101, "Llama-4-chunked": 1101, "Llama-4-NoPE": 1101,
                         "MLA": 1101}
+
+
+def test_past_gemma_2s_window_and_llama_4s_chunk_the_steps_stay_correct():
+    """At 8,300 cached positions a Gemma 2 local step reads its last 4,096 and a Llama 4 chunked step its ring of
+    8,192, of which it attends to the 109 of its own chunk (8,192 .. 8,300): both checked against the float64
+    reference over the whole past."""
+    rows = run_decode(models=("Gemma-2-local", "Llama-4-chunked"), contexts=(8300,), batches=(1,))["decode"]["rows"]
+    assert [(r["model"], r["positions_read"]) for r in rows] == [("Gemma-2-local", 4096), ("Llama-4-chunked", 8192)]
+    assert all(r["status"] == "ok" and r["correct"] is True for r in rows), [r["reason"] for r in rows]
 
 
 @pytest.mark.parametrize("model", ["gpt-oss-local", "MLA"])

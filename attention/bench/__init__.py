@@ -20,6 +20,7 @@ SWEEPS = {name: importlib.import_module(f"attention.bench.sweeps.{name}") for na
     "block_sparse",
     "decode",
     "ring",
+    "prefill",
 )}
 
 

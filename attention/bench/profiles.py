@@ -20,7 +20,7 @@ PRESETS = {
     "long": {"sequence": dict(batch=1, seq_len=LONG_SEQ_LENS[0], sweep_batch=1, seq_lens=LONG_SEQ_LENS,
                               implementations=("split_heads", "tiled", "sdpa_causal"), **LONG_TIMING),
              "block_sparse": dict(seq_lens=LONG_SEQ_LENS, **LONG_TIMING)},
-    # MHA, GQA (8:1), MQA, 4 model families' layers and MLA (absorbed, naive), 32 heads of 128, batch 1 and 8, 1k .. 32k
+    # MHA, GQA (8:1), MQA, 8 layers of model families and MLA (absorbed, naive), 32 heads of 128, batch 1 and 8, 1k .. 32k
     "decode": {"decode": {}},
 }
 # Options that change what the default profile measures: its run is then recorded as profile "custom".

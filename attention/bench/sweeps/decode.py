@@ -29,10 +29,10 @@ from attention.bench.results import (config_problems, disordered, mismatches, BY
                                      nullable, number as finite, one_of, record, rule_of, text)
 from attention.causal.gqa import DECODE_KERNELS, GroupedQueryAttention
 from attention.models import MODELS as FAMILIES
-from attention.models.deepseek_v3 import LATENT_NORM_EPS, PUBLISHED_CONFIGS, DeepseekV3Attention, latent_attention_flops
+from attention.models.deepseek_v3 import LATENT_NORM_EPS, DeepseekV3Attention, latent_attention_flops, latent_config
 from attention.models.published import PUBLISHED
-from attention.reference import (canonical_weights, kv_heads_state, model_reference_kwargs, reference_kernel,
-                                 reference_latent_attention, reference_model_attention)
+from attention.reference import (canonical_weights, kv_heads_state, model_reference_kwargs, randomised_parameters,
+                                 reference_kernel, reference_latent_attention, reference_model_attention)
 
 NAME = "decode"
 KERNELS = tuple(kernel for kernel in DECODE_KERNELS if kernel != "auto")  # "auto" picks one of these per call
@@ -113,22 +113,13 @@ def grouped_reference(module, x0, cached, context):
 
 # --- Layers of current open models (`attention.models`), at the config's sizes -------------------------------------
 
-def randomised(module, seed):
-    """`module` with every parameter drawn from `seed`: weights as `nn.Linear` draws them, norms and sinks in ±1."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in module.parameters():
-            bound = 1 / math.sqrt(parameter.shape[-1]) if parameter.dim() > 1 else 1.0
-            parameter.copy_((torch.rand(parameter.shape, generator=generator) * 2 - 1) * bound)
-    return module
-
-
-def family(published, layer_idx, kernel):
-    """Layer `layer_idx` of `attention.models.published.PUBLISHED[published]` (its window, norms, scale, RoPE, sinks)
-    at the config's `num_heads` query heads of `head_dim`, the published query heads per K/V head, and hidden size
-    `num_heads * head_dim`; `kernel` names the attention its forward runs."""
+def family(published, layer_idx, kernel, group=None):
+    """Layer `layer_idx` of `attention.models.published.PUBLISHED[published]` (its window or chunk, norms, scale, RoPE,
+    soft-cap, sinks) at the config's `num_heads` query heads of `head_dim`, the published query heads per K/V head
+    (or `group`, where the published ratio does not divide `num_heads`), and hidden size `num_heads * head_dim`;
+    `kernel` names the attention its forward runs."""
     base = PUBLISHED[published]["config"]
-    group = base["num_attention_heads"] // base["num_key_value_heads"]
+    group = group or base["num_attention_heads"] // base["num_key_value_heads"]
 
     def sized(config):
         if config.num_heads % group:
@@ -137,13 +128,13 @@ def family(published, layer_idx, kernel):
                            head_dim=config.head_dim, hidden_size=config.num_heads * config.head_dim)
 
     def build(config, kernel):
-        module = randomised(FAMILIES[base["model_type"]].from_config(sized(config), layer_idx), config.seed)
+        module = randomised_parameters(FAMILIES[base["model_type"]].from_config(sized(config), layer_idx), config.seed)
         module.num_heads, module.num_kv_heads = module.num_attention_heads, module.num_key_value_heads  # the row's names
         return module, module.hidden_size
 
-    with torch.device("meta"):  # the layer's window: a property of the published model, not of the sizes
-        window = FAMILIES[base["model_type"]].from_config(sized(SimpleNamespace(num_heads=group, head_dim=8)),
-                                                          layer_idx).sliding_window
+    with torch.device("meta"):  # the layer's window or chunk (what its cache keeps): the published model's, not the sizes'
+        layer = FAMILIES[base["model_type"]].from_config(sized(SimpleNamespace(num_heads=group, head_dim=8)), layer_idx)
+        window = layer.sliding_window or getattr(layer, "attention_chunk_size", None)
     def step_bytes(module, batch, positions):  # matmuls broadcast K/V heads to their query heads: copies of the cache
         element = module.q_proj.weight.element_size()
         return 0 if kernel == "sdpa" else 2 * batch * module.num_heads * positions * module.head_dim * element
@@ -160,18 +151,10 @@ def family_reference(module, x0, cached, context):
     return out[0]  # (1, hidden_size)
 
 
-def latent_config(num_heads, head_dim):
-    """DeepSeek-V3's attention at `num_heads` heads of `head_dim` (hidden size `num_heads * head_dim`), its other widths
-    in units of its head size 128: latent 4 (512), rotary key 1/2 (64), compressed query 12 (1536)."""
-    return PUBLISHED_CONFIGS["DeepSeek-V3"] | dict(
-        hidden_size=num_heads * head_dim, num_attention_heads=num_heads, q_lora_rank=12 * head_dim,
-        kv_lora_rank=4 * head_dim, qk_nope_head_dim=head_dim, qk_rope_head_dim=head_dim // 2, v_head_dim=head_dim)
-
-
 def latent_build(config, kernel):
     module = DeepseekV3Attention.from_config(latent_config(config.num_heads, config.head_dim), path=kernel)
     module.num_kv_heads, module.head_dim = 1, config.head_dim  # one latent per position, read by every head
-    return randomised(module, config.seed), module.hidden_size
+    return randomised_parameters(module, config.seed), module.hidden_size
 
 
 def latent_reference(module, x0, cached, context):
@@ -201,8 +184,11 @@ MLA = Model(("absorbed", "naive"), latent_build, lambda module: [(1, module.kv_l
 # attention; GQA's 8:1 is Llama 2 70B's and Llama 3 70B's. The model families' layers take those sizes too.
 MODELS = {"MHA": grouped(1), "GQA": grouped(8), "MQA": grouped(None),
           "Llama-3": family("Llama 3.1 8B", 0, "sdpa"), "Gemma-3-local": family("Gemma 3 27B", 0, "sdpa"),
+          "Gemma-2-local": family("Gemma 2 27B", 0, "matmul"), "Gemma-2-global": family("Gemma 2 27B", 1, "matmul"),
           "gpt-oss-local": family("gpt-oss-120b", 0, "matmul"), "gpt-oss-global": family("gpt-oss-120b", 1, "matmul"),
-          "MLA": MLA}
+          # Llama 4 Scout's 40:8 heads do not divide 32 query heads: 4 query heads per K/V head (8 K/V heads) here.
+          "Llama-4-chunked": family("Llama 4 Scout", 0, "sdpa", group=4),
+          "Llama-4-NoPE": family("Llama 4 Scout", 3, "sdpa", group=4), "MLA": MLA}
 
 
 @dataclasses.dataclass
@@ -492,7 +478,7 @@ def plot_decode(result, metric="tokens_per_s", models=None):
         ax.set(xlabel="context (cached positions)", title=f"batch {batch}")
         ax.grid(True, which="both", alpha=0.3)
     handles, labels = panels[0].get_legend_handles_labels()  # every panel draws the same lines
-    fig.legend(handles, labels, loc="outside lower center", ncols=len(models), fontsize=8)
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4), fontsize=8)
     fig.suptitle(f"Decode step, {title_suffix(result)}", fontsize=10)
     return fig
 
