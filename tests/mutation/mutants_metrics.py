@@ -12,9 +12,12 @@ METRICS = "attention/bench/metrics.py"
 CORE = "attention/bench/core.py"
 SEQUENCE = "attention/bench/sweeps/sequence.py"
 DECODE = "attention/bench/sweeps/decode.py"
+PREFILL = "attention/bench/sweeps/prefill.py"
 FLOPS = "tests/test_bench.py -k flop"  # the convention, the GQA width (on the small run) and the validator's check
 VALIDATOR = "tests/test_bench.py -k 'fresh_run or rows_carry'"  # a small run, validated: rates and shares recomputed
 DECODE_TESTS = "tests/test_decode.py -k 'bytes_and_flops or complete_correct'"
+MODEL_DECODE_TESTS = "tests/test_decode_models.py -k 'positions or past_gemma'"  # the model families' windows and chunks
+PREFILL_TESTS = "tests/test_prefill.py -k 'correct_valid_rows or recomputes or tables_summary'"
 YARDSTICKS = "tests/test_bench.py -k work_units"
 # core.matmul_rates is what the sweeps record and the validator expects (one definition): a hand-computed row checks it.
 RATES = "tests/test_bench.py -k rate_and_share_from_its_own_numbers"
@@ -80,4 +83,19 @@ MUTANTS = [
     Mutant("decode_cache_read_at_the_full_context", DECODE,
            "cache_bytes_read=batch * row[\"positions_read\"] * per_token", "cache_bytes_read=batch * context * per_token",
            "the cache read counted at the context, without the new token (or a window's shorter read)", DECODE_TESTS),
+    Mutant("decode_chunked_layer_read_whole", DECODE,
+           "window = layer.sliding_window or getattr(layer, \"attention_chunk_size\", None)",
+           "window = layer.sliding_window",
+           "a chunked layer (Llama 4) counted as reading every cached position, not its ring of one chunk",
+           MODEL_DECODE_TESTS),
+    Mutant("prefill_flops_of_one_sequence", PREFILL,
+           "return row[\"batch\"] * latent_attention_flops(", "return latent_attention_flops(",
+           "a prefill row's FLOPs counted for one sequence whatever the batch", PREFILL_TESTS),
+    Mutant("prefill_flops_of_the_other_path", PREFILL,
+           "row[\"tokens\"], row[\"path\"])", "row[\"tokens\"], \"naive\")",
+           "both paths' FLOPs counted as the naive path's (the absorbed path's rate understated)", PREFILL_TESTS),
+    Mutant("prefill_naive_faster_from_inverted", PREFILL,
+           "if pair[\"naive\"][\"ms_median\"] >= pair[\"absorbed\"][\"ms_median\"]:",
+           "if pair[\"naive\"][\"ms_median\"] <= pair[\"absorbed\"][\"ms_median\"]:",
+           "the page's 'naive faster from' read the wrong way round", PREFILL_TESTS),
 ]

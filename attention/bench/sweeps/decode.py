@@ -457,9 +457,11 @@ def decode_summary_table(result, contexts=None, models=None):
 def plot_decode(result, metric="tokens_per_s", models=None):
     """`metric` (tokens_per_s or share_of_paired_bandwidth) against context, a panel per batch size, a colour per
     model (`models`, default all), solid for the `matmul` kernel and dashed for the others."""
+    from matplotlib import colormaps
     from matplotlib.figure import Figure
 
     models, kernels, batches, _ = axes(result, models)
+    colors = [f"C{i}" for i in range(len(models))] if len(models) <= 10 else colormaps["tab20"].colors  # one per model
     fig = Figure(figsize=(5.2 * len(batches), 4.2), layout="constrained")
     panels = fig.subplots(1, len(batches), squeeze=False)[0]
     for ax, batch in zip(panels, batches):
@@ -469,7 +471,7 @@ def plot_decode(result, metric="tokens_per_s", models=None):
                 if rows:
                     ax.plot([r["context"] for r in rows], [r[metric] * (100 if metric.startswith("share") else 1)
                                                            for r in rows], "-" if kernel == "matmul" else "--",
-                            marker="o", color=f"C{color}", label=f"{model} ({rows[0]['num_kv_heads']} K/V) {kernel}")
+                            marker="o", color=colors[color], label=f"{model} ({rows[0]['num_kv_heads']} K/V) {kernel}")
         ax.set_xscale("log", base=2)
         if metric == "tokens_per_s":
             ax.set(yscale="log", ylabel="tokens per second (one layer)")
