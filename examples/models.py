@@ -635,3 +635,17 @@ for path, result in layer_runs:
                       f"where its global layer reads {full['cache_bytes_read'] / 2**20:,.1f} MiB, and runs "
                       f"{local['tokens_per_s'] / full['tokens_per_s']:.1f}x its tokens per second: the weights, "
                       f"{local['weight_bytes'] / 2**20:,.0f} MiB read at every step, do not shrink with the window.")
+    # A local layer's ring holds its window's slots from the first step, empty ones masked: read whole below the window.
+    shortest = min(row["context"] for row in result["decode"]["rows"])
+    slower = []
+    for local_name, global_name, published in (("Gemma-2-local", "Gemma-2-global", "Gemma 2 27B"),
+                                               ("gpt-oss-local", "gpt-oss-global", "gpt-oss-120b")):
+        window = PUBLISHED[published]["config"]["sliding_window"]
+        local, full = (render.decode_best(result, name, 1, shortest) for name in (local_name, global_name))
+        if local and full and shortest < window and local["tokens_per_s"] < full["tokens_per_s"]:
+            slower.append(f"{local_name} runs {local['tokens_per_s']:,.0f} tokens/s against {global_name}'s "
+                          f"{full['tokens_per_s']:,.0f} at {shortest:,} cached positions, below its window of {window:,}")
+    if slower:
+        show_markdown("A local layer is not faster than its global twin below its window: its cache is a ring of the "
+                      "window's slots, allocated and read whole from the first step, the empty ones masked out, where "
+                      "a global layer's cache reads only the positions it holds. At batch 1, " + "; ".join(slower) + ".")

@@ -17,7 +17,7 @@ FLOPS = "tests/test_bench.py -k flop"  # the convention, the GQA width (on the s
 VALIDATOR = "tests/test_bench.py -k 'fresh_run or rows_carry'"  # a small run, validated: rates and shares recomputed
 DECODE_TESTS = "tests/test_decode.py -k 'bytes_and_flops or complete_correct'"
 MODEL_DECODE_TESTS = "tests/test_decode_models.py -k 'positions or past_gemma'"  # the model families' windows and chunks
-PREFILL_TESTS = "tests/test_prefill.py -k 'correct_valid_rows or recomputes or tables_summary'"
+PREFILL_TESTS = "tests/test_prefill.py -k 'correct_valid_rows or recomputes or tables_summary or faster or names_ties'"
 YARDSTICKS = "tests/test_bench.py -k work_units"
 # core.matmul_rates is what the sweeps record and the validator expects (one definition): a hand-computed row checks it.
 RATES = "tests/test_bench.py -k rate_and_share_from_its_own_numbers"
@@ -94,8 +94,11 @@ MUTANTS = [
     Mutant("prefill_flops_of_the_other_path", PREFILL,
            "row[\"tokens\"], row[\"path\"])", "row[\"tokens\"], \"naive\")",
            "both paths' FLOPs counted as the naive path's (the absorbed path's rate understated)", PREFILL_TESTS),
-    Mutant("prefill_naive_faster_from_inverted", PREFILL,
-           "if pair[\"naive\"][\"ms_median\"] >= pair[\"absorbed\"][\"ms_median\"]:",
-           "if pair[\"naive\"][\"ms_median\"] <= pair[\"absorbed\"][\"ms_median\"]:",
-           "the page's 'naive faster from' read the wrong way round", PREFILL_TESTS),
+    Mutant("prefill_faster_path_by_the_medians", PREFILL,
+           "if naive[\"ms_q3\"] < absorbed[\"ms_q1\"]:", "if naive[\"ms_median\"] < absorbed[\"ms_median\"]:",
+           "the page's 'naive faster' read from the medians alone, a tie within noise called a win", PREFILL_TESTS),
+    Mutant("prefill_naive_faster_from_any_length", PREFILL,
+           "        if faster_path(pairs[t]) != \"naive\":\n            break\n",
+           "        if faster_path(pairs[t]) != \"naive\":\n            continue\n",
+           "'naive faster from T on' claimed past a longer length where it is not faster", PREFILL_TESTS),
 ]

@@ -158,14 +158,23 @@ def by_length(result):
     return dict(sorted(pairs.items()))
 
 
+def faster_path(pair):
+    """`"naive"` or `"absorbed"`, the path whose time's interquartile range lies wholly below the other's, or `"tie"`
+    where the two ranges overlap (the run cannot tell them apart)."""
+    absorbed, naive = pair["absorbed"], pair["naive"]
+    if naive["ms_q3"] < absorbed["ms_q1"]:
+        return "naive"
+    return "absorbed" if absorbed["ms_q3"] < naive["ms_q1"] else "tie"
+
+
 def naive_faster_from(result):
-    """The shortest measured prompt from which the naive path is faster at that length and every longer one where
-    both were measured, or None; and the lengths where both were measured."""
-    both = [t for t, pair in by_length(result).items() if all(core.usable(pair.get(path)) for path in PATHS)]
+    """The shortest measured prompt from which the naive path is faster (`faster_path`) at that length and every
+    longer one where both were measured, or None; and the lengths where both were measured."""
+    pairs = by_length(result)
+    both = [t for t, pair in pairs.items() if all(core.usable(pair.get(path)) for path in PATHS)]
     found = None
     for t in reversed(both):
-        pair = by_length(result)[t]
-        if pair["naive"]["ms_median"] >= pair["absorbed"]["ms_median"]:
+        if faster_path(pairs[t]) != "naive":
             break
         found = t
     return found, both
@@ -178,8 +187,8 @@ def prefill_table(result):
         absorbed, naive = pair.get("absorbed"), pair.get("naive")
         cells = [status_cell(row, lambda r: f"{number(r['ms_median'])} ms · {number(r['tflops'])} TFLOP/s · "
                                             f"{percent(r['share_of_paired_matmul'])}") for row in (absorbed, naive)]
-        ratio = (f"{absorbed['ms_median'] / naive['ms_median']:.2f}x" if core.usable(absorbed) and core.usable(naive)
-                 else "—")
+        ratio = (f"{absorbed['ms_median'] / naive['ms_median']:.2f}x" + (" (tie)" if faster_path(pair) == "tie" else "")
+                 if core.usable(absorbed) and core.usable(naive) else "—")
         lines.append([f"{t:,}", *cells, ratio])
     return table(["T (prompt)", "absorbed", "naive", "absorbed time / naive time"], lines, "rrrr")
 
@@ -222,8 +231,10 @@ def summary(result):
         where = f"The naive path is faster at every prompt length measured ({both[0]:,} to {both[-1]:,} tokens)"
     else:
         where = f"The naive path is faster from {found:,} tokens on"
+    ties = [f"{t:,}" for t in both if faster_path(pairs[t]) == "tie"]
     return (f"{where}; the absorbed path takes {min(ratios):.2f}x to {max(ratios):.2f}x the naive path's time over "
-            f"{both[0]:,} to {both[-1]:,} tokens.")
+            f"{both[0]:,} to {both[-1]:,} tokens" + (f" (a tie at {', '.join(ties)} tokens: the two times' interquartile "
+                                                   "ranges overlap)" if ties else "") + ".")
 
 
 def tables(result):
