@@ -753,8 +753,8 @@ def test_add_your_device_page_is_filled_from_the_hook(result, tmp_path, monkeypa
     page = SimpleNamespace(file=SimpleNamespace(src_uri="add-your-device.md"))
     markdown = hook.on_page_markdown((ROOT / "docs" / "add-your-device.md").read_text(), page, None, None)
     assert "<!--" not in markdown
-    for device, command in hook.RECORD_COMMANDS.items():
-        assert f'=== "{hook.DEVICES[device][1]}"' in markdown
+    for device, (_, title, command) in hook.DEVICES.items():
+        assert f'=== "{title}"' in markdown
         assert command.replace(" --out ", " \\\n        --out ") in markdown  # inside the tab, on two lines
     assert "docs/results/cpu-test-float32.json: valid: cpu (" in markdown
     assert f"The runs recorded for this site took: {profiles.recorded_durations()}." in markdown

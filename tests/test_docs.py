@@ -453,7 +453,7 @@ def bench_commands():
 
     hook = load_config(str(ROOT / "mkdocs.yml")).hooks["docs/_hooks/benchmarks.py"]
     sources = {page.relative_to(ROOT).as_posix(): page.read_text(encoding="utf-8") for page in [*PAGES, ROOT / "README.md"]}
-    sources |= {f"benchmarks hook ({device})": command for device, command in hook.RECORD_COMMANDS.items()}
+    sources |= {f"benchmarks hook ({device})": command for device, (_, _, command) in hook.DEVICES.items()}
     joined = {where: re.sub(r"\\\n\s*", " ", text) for where, text in sources.items()}  # shell line continuations
     return [(where, shlex.split(match["args"])) for where, text in joined.items()
             for match in BENCH_COMMAND.finditer(text) if "..." not in match["args"]]

@@ -19,7 +19,8 @@ from attention.bench.sweeps.sequence import rank_rows
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"
 RECORDED = {"sequence": "cpu-intel-xeon-2c-float32.json", "long": "long/cpu-intel-xeon-2c-float32-long.json",
-            "decode": "decode/cpu-amd-epyc-2c-float32-decode.json", "ring": "ring/cpu-amd-epyc-2c-float32-ring.json"}
+            "decode": "decode/cpu-amd-epyc-2c-float32-decode.json", "ring": "ring/cpu-amd-epyc-2c-float32-ring.json",
+            "prefill": "prefill/cpu-amd-epyc-2c-float32-prefill.json"}
 HOSTILE = {"html": '<img src=x onerror="alert(document.domain)">', "script": "<script>alert(1)</script>",
            "link": "[click](javascript:alert(1))", "long": "A" * 5000, "control": "a\x00b\nc\x1b[31m"}
 

@@ -37,7 +37,6 @@ DEVICES = {kind: (label, title, f"python -m attention.bench --device {kind} --dt
                ("cpu", "CPU, recorded", "CPU", "float32", "", "cpu"),
                ("cuda", "NVIDIA CUDA", "NVIDIA GPU", "bfloat16", " --compile", "gpu"),
                ("mps", "Apple MPS", "Apple silicon (MPS)", "float32", "", "mac"))}
-RECORD_COMMANDS = {kind: command for kind, (_, _, command) in DEVICES.items()}
 NOT_MEASURED = ("Not measured by this preview: `mkdocs serve` runs no benchmark, and found no quick run for the "
                 "current sources (`mkdocs build` measures one, which serve then reuses until `attention/` changes).")
 
