@@ -487,6 +487,10 @@ for path, result in mla_runs:
 # %% tags=["hide-input"]
 from attention.bench.sweeps import prefill
 
+# "favour the naive path at every length": a whole prompt of T tokens (T new tokens over T positions), DeepSeek-V3.
+assert all(latent_attention_flops(v3_config, 2**p, 2**p, "naive") < latent_attention_flops(v3_config, 2**p, 2**p, "absorbed")
+           for p in range(18))
+
 prefill_runs = [(path, render.load_result(path)) for path in render.find_results(render.RESULTS_DIR / "prefill")]
 if not prefill_runs:
     show_markdown("**Not recorded yet.** No prefill run is recorded in `docs/results/prefill/`, so this page quotes "
