@@ -454,7 +454,10 @@ PUBLISHED_CONFIGS = {
 def latent_config(num_heads, head_dim):
     """DeepSeek-V3's attention at `num_heads` heads of `head_dim` (hidden size `num_heads * head_dim`), its other widths
     in units of its head size 128: latent 4 (512), rotary key 1/2 (64), compressed query 12 (1536). The benchmark's
-    MLA rows use it (decode and prefill), at the sizes of the other layers they stand beside."""
+    MLA rows use it (decode and prefill), at the sizes of the other layers they stand beside. `ValueError` unless
+    `head_dim` is divisible by 4 (the rotary key is `head_dim / 2` wide, rotated in pairs)."""
+    if head_dim % 4:
+        raise ValueError(f"head_dim must be divisible by 4 for MLA (rotary key head_dim / 2, in pairs), got {head_dim}")
     return PUBLISHED_CONFIGS["DeepSeek-V3"] | dict(
         hidden_size=num_heads * head_dim, num_attention_heads=num_heads, q_lora_rank=12 * head_dim,
         kv_lora_rank=4 * head_dim, qk_nope_head_dim=head_dim, qk_rope_head_dim=head_dim // 2, v_head_dim=head_dim)

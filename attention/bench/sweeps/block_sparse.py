@@ -188,10 +188,7 @@ def block_sparse_rows(result, pattern=None):
 
 def pairs_by_length(result, pattern):
     """`{seq_len: {kernel: row}}` of one pattern, lengths ascending."""
-    pairs = {}
-    for row in block_sparse_rows(result, pattern):
-        pairs.setdefault(row["seq_len"], {})[row["kernel"]] = row
-    return dict(sorted(pairs.items()))
+    return core.nested(block_sparse_rows(result, pattern), "seq_len", "kernel")
 
 
 def crossovers(result):

@@ -168,15 +168,10 @@ def latent_reference(module, x0, cached, context):
     return out[0]  # (1, hidden_size)
 
 
-def latent_check(config):
-    if config.head_dim % 4:
-        raise ValueError(f"head_dim must be divisible by 4 for MLA (rotary key head_dim / 2, in pairs), got {config.head_dim}")
-
-
 MLA = Model(("absorbed", "naive"), latent_build, lambda module: [(1, module.kv_lora_rank), (1, module.qk_rope_head_dim)],
             latent_reference, flops=lambda row, element: row["batch"] * latent_attention_flops(
                 latent_config(row["num_heads"], row["head_dim"]), 1, row["positions_read"], row["kernel"]),
-            check=latent_check, step_bytes=lambda module, batch, positions: 0 if module.path == "absorbed" else (
+            check=lambda config: latent_config(config.num_heads, config.head_dim), step_bytes=lambda module, batch, positions: 0 if module.path == "absorbed" else (
                 # the naive step's expanded keys and values, and their copies: about 5 head sizes per head and position
                 batch * positions * module.num_heads * 5 * module.head_dim * module.kv_b_proj.weight.element_size()))
 

@@ -48,9 +48,7 @@ class Config:
 
     def resolve(self, device):
         """A copy with the lengths sorted and the device's defaults filled in; `ValueError` naming a bad value."""
-        if self.head_dim % 4:
-            raise ValueError(f"head_dim must be divisible by 4 for MLA (rotary key head_dim / 2, in pairs), got "
-                             f"{self.head_dim}")
+        latent_config(self.num_heads, self.head_dim)  # `ValueError` for a head size MLA cannot split
         resolved = dataclasses.replace(
             self, paths=tuple(self.paths), tokens=tuple(sorted(self.tokens)),
             matmul_size=self.matmul_size or (2048 if torch.device(device).type == "cpu" else 4096),
@@ -152,10 +150,7 @@ def validate(section, result):
 
 def by_length(result):
     """`{tokens: {path: row}}`, lengths ascending."""
-    pairs = {}
-    for row in (result.get(NAME) or {}).get("rows", []):
-        pairs.setdefault(row["tokens"], {})[row["path"]] = row
-    return dict(sorted(pairs.items()))
+    return core.nested((result.get(NAME) or {}).get("rows", []), "tokens", "path")
 
 
 def faster_path(pair):

@@ -218,14 +218,7 @@ def validate(section, result):
 
 def ring_rows(result):
     """`{world_size: {mode: row}}` of a run, process counts ascending."""
-    rows = {}
-    for row in (result.get(NAME) or {}).get("rows", []):
-        rows.setdefault(row["world_size"], {})[row["mode"]] = row
-    return dict(sorted(rows.items()))
-
-
-def usable(row):
-    return row is not None and row["status"] == "ok" and row["correct"] is True
+    return core.nested((result.get(NAME) or {}).get("rows", []), "world_size", "mode")
 
 
 def cell(row, value):
@@ -269,7 +262,7 @@ def plot_ring(result):
     fig = Figure(figsize=(9, 3.6), layout="constrained")
     memory, timing = fig.subplots(1, 2)
     for mode, marker in zip(MODES, "os"):
-        points = [(p, pair[mode]) for p, pair in rows.items() if usable(pair.get(mode))]
+        points = [(p, pair[mode]) for p, pair in rows.items() if core.usable(pair.get(mode))]
         if points:
             sizes = [p for p, _ in points]
             memory.plot(sizes, [(r["shard_bytes"] + r["peak_memory_bytes"]) / 2**20 for _, r in points], marker=marker,
@@ -301,7 +294,7 @@ def cores_note(result):
     threads = ", ".join(f"{pair[next(iter(pair))]['threads_per_process'] or '?'} at P = {p}" for p, pair in rows.items())
     ratios = {}
     for mode in MODES:
-        timed = [(p, pair[mode]["ms_median"]) for p, pair in rows.items() if usable(pair.get(mode))]
+        timed = [(p, pair[mode]["ms_median"]) for p, pair in rows.items() if core.usable(pair.get(mode))]
         if len(timed) > 1:
             ratios[mode] = (timed[0][0], timed[-1][0], timed[-1][1] / timed[0][1])
     measured = "; ".join(f"{MODE_TITLES[mode]}, P = {most} took {ratio:.2f} times P = {fewest}'s time"
