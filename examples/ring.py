@@ -27,7 +27,7 @@ from matplotlib.patches import Rectangle
 import attention.distributed.__main__ as cli
 import attention.distributed.ring as ring
 from attention import prose
-from attention.bench import render
+from attention.bench import core, render
 from attention.bench.sweeps import ring as ring_sweep
 from attention.display import show, show_markdown, show_source, show_table
 from attention.distributed import check, launch, measure
@@ -374,7 +374,7 @@ if ring_runs:
         f"{'process' if fewest['world_size'] == 1 else 'processes'} to "
         f"{render.mebibytes(most['peak_memory_bytes'])} MiB on {most['world_size']}, beside shards of "
         f"{render.mebibytes(fewest['shard_bytes'])} and {render.mebibytes(most['shard_bytes'])} MiB; every call "
-        f"matched the reference: {'yes' if all(map(ring_sweep.usable, recorded_rows)) else 'NO'} (largest "
+        f"matched the reference: {'yes' if all(map(core.usable, recorded_rows)) else 'NO'} (largest "
         f"difference {max(row['max_abs_error'] or 0.0 for row in recorded_rows):.1e}). "
         + ring_sweep.bytes_note(recorded) + " " + ring_sweep.cores_note(recorded) + busy)
 else:
