@@ -443,7 +443,7 @@ for path, result in mla_runs:
     section = result["decode"]
     show_markdown(f"`docs/results/decode/{path.name}`: {render.run_line(result)} One attention layer, "
                   f"{section['num_heads']} query heads of {section['head_dim']}; each cell: tokens per second and the "
-                  "share of the read bandwidth measured beside the row.")
+                  f"share of {render.share_words(result)}.")
     for batch in sorted({row["batch"] for row in section["rows"]}):
         show_markdown(f"**Batch {batch}**\n\n" + render.decode_table(result, batch, models=["MHA", "GQA", "MQA", "MLA"]))
     show(render.plot_decode(result, "tokens_per_s", models=["GQA", "MQA", "MLA"]))

@@ -618,8 +618,8 @@ for path, result in layer_runs:
                   f"{PUBLISHED['gpt-oss-120b']['config']['sliding_window']:,}; Llama 4's chunks "
                   f"{PUBLISHED['Llama 4 Scout']['config']['attention_chunk_size']:,}), the fastest "
                   "kernel per layer (each layer runs its own: `sdpa`, or `matmul` where sinks or the soft-cap need the "
-                  "written-out softmax); each cell: tokens per second and the share of the read bandwidth measured "
-                  "beside it.\n\n"
+                  f"written-out softmax); each cell: tokens per second and the share of {render.share_words(result)}."
+                  "\n\n"
                   + render.decode_summary_table(result, contexts=[1024, 4096, 16384, 32768], models=["GQA", *LAYER_ROWS]))
     show(render.plot_decode(result, "tokens_per_s", models=["GQA", *LAYER_ROWS]))
     at_16k = {model: render.decode_best(result, model, 1, 16384) for model in LAYER_ROWS}
@@ -627,7 +627,7 @@ for path, result in layer_runs:
     if measured:
         show_markdown("At a 16,384-position context and batch 1: " + "; ".join(
             f"{model} {row['ms_median']:.2f} ms per step ({row['tokens_per_s']:,.0f} tokens/s, reading "
-            f"{row['positions_read']:,} positions, {row['share_of_paired_bandwidth']:.0%} of the read bandwidth)"
+            f"{row['positions_read']:,} positions, {row[render.shown_share(result)]:.0%} of {render.share_words(result)})"
             for model, row in measured.items()) + ".")
     local, full = at_16k["gpt-oss-local"], at_16k["gpt-oss-global"]
     if local and full:

@@ -18,12 +18,12 @@ BEFORE = json.loads((Path(__file__).parent / "data" / "bench_tables_before.json"
 IDENTITY = {"implementation", "B", "T", "pattern", "Model (K/V heads)", "Kernel", "Batch", "Model", "K/V heads", "mode"}
 TINY = dict(device="cpu", d_model=32, num_heads=2, min_run_time=0.01, min_repeats=2, warmup_time=0.0, matmul_size=64)
 TINY_DECODE = dict(num_heads=8, head_dim=16, contexts=(64, 128), batches=(1, 2), min_run_time=0.02, min_repeats=2,
-                   warmup_time=0.0, bandwidth_bytes=2**22)
+                   warmup_time=0.0, bandwidth_bytes=2**22, ceiling_bytes=(2**22, 2**23))
 
 
 @contextlib.contextmanager
 def quick_yardsticks():
-    """The decode sweep's samples of the matmul rate and the bandwidth (after each model) shortened, for tests of
+    """The decode sweep's samples of the matmul rate and the bandwidth (after each model) shortened and small, for tests of
     what else a run does; tests/test_decode.py's `decode_result` samples them at the sweep's sizes."""
     from attention.bench import metrics
 
@@ -31,8 +31,9 @@ def quick_yardsticks():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(metrics, "matmul_rate", lambda device, dtype, size, min_run_time: matmul_rate(
             device, dtype, 256, min_run_time=0.01, warmup_time=0.0))
-        patch.setattr(metrics, "bandwidth_rate", lambda device, dtype, nbytes: bandwidth_rate(
-            device, dtype, nbytes, min_run_time=0.01))
+        patch.setattr(metrics, "bandwidth_rate", lambda device, dtype, sizes: bandwidth_rate(
+            device, dtype, sizes, min_run_time=0.01))
+        patch.setattr(metrics, "ceiling_sizes", lambda last_level_cache: (2**22, 2**23))
         yield
 
 

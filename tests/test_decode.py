@@ -13,7 +13,7 @@ from bench_tables import BEFORE, TINY_DECODE, quick_yardsticks, structure
 from helpers import tolerance
 from matplotlib.figure import Figure
 
-from attention.bench import core, profiles, render
+from attention.bench import core, metrics, profiles, render
 from attention.bench.__main__ import main
 from attention.bench.sweeps import decode
 from attention.causal.gqa import DECODE_KERNELS, GroupedQueryAttention, grouped_decode_attention
@@ -125,7 +125,8 @@ def test_the_decode_profile_makes_the_tables_it_made_before(decode_result):
     assert structure(render.decode_summary_table(decode_result)) == before["decode_summary_table"]
 
 
-@pytest.mark.parametrize("field", ["tokens_per_s", "gbps", "share_of_paired_bandwidth", "bytes_read", "tflops",
+@pytest.mark.parametrize("field", ["tokens_per_s", "gbps", "share_of_paired_bandwidth", "share_of_peak_bandwidth",
+                                   "bytes_read", "tflops",
                                    "share_of_matmul_peak", "flops", "cache_bytes_read"])
 def test_the_validator_recomputes_each_derived_number(decode_result, field):
     tampered = copy.deepcopy(decode_result)
@@ -137,10 +138,36 @@ def test_decode_tables_and_figures_show_every_measurement(decode_result):
     assert render.decode_table(decode_result, 2).count("tok/s") == 3 * 2 * 2
     summary = render.decode_summary_table(decode_result)
     assert summary.count("tok/s") == 2 * 3 * 2 and "KiB" in summary
-    for metric in ("tokens_per_s", "share_of_paired_bandwidth"):
+    for metric in ("tokens_per_s", "share_of_peak_bandwidth", "share_of_paired_bandwidth"):
         fig = render.plot_decode(decode_result, metric)
         assert isinstance(fig, Figure) and sum(len(ax.lines) for ax in fig.axes) == 2 * 3 * 2
-    assert "Read bandwidth" in decode.tables(decode_result)
+    assert "Bandwidth ceiling of this run" in decode.tables(decode_result)
+
+
+def test_the_bandwidth_ceiling_is_the_best_read_or_copy_past_the_last_level_cache(decode_result):
+    """The peak is the best sample of the run (a read or a copy, at sizes past the cache); each row's share of it is
+    recomputed by the validator, and a peak that is not the samples' best is refused. A run recorded before the peak
+    was measured (no `peak_gbps`, no row share) still validates and shows the share against the paired read."""
+    section = decode_result["decode"]
+    bandwidth = section["bandwidth"]
+    assert bandwidth["peak_gbps"] == max(max(s["read_gbps"], s["copy_gbps"]) for s in bandwidth["samples"])
+    assert section["ceiling_bytes"] == [2**22, 2**23]
+    assert all(row["share_of_peak_bandwidth"] == pytest.approx(row["gbps"] / bandwidth["peak_gbps"])
+               and row["share_of_peak_bandwidth"] <= 1 for row in section["rows"])
+    assert decode.shown_share(decode_result) == "share_of_peak_bandwidth"
+    tampered = copy.deepcopy(decode_result)
+    tampered["decode"]["bandwidth"]["peak_gbps"] *= 1.5
+    assert any("peak_gbps" in problem for problem in render.validate_result(tampered))
+    older = copy.deepcopy(decode_result)
+    del older["decode"]["bandwidth"]["peak_gbps"], older["decode"]["bandwidth"]["last_level_cache_bytes"]
+    del older["decode"]["ceiling_bytes"]
+    for row in older["decode"]["rows"]:
+        del row["share_of_peak_bandwidth"]
+    assert render.validate_result(older) == [] and decode.shown_share(older) == "share_of_paired_bandwidth"
+    assert "Read bandwidth" in decode.tables(older) and "ceiling" not in decode.tables(older)
+    for cache, sizes in ((None, (2**27, 2**28, 2**29)), (32 * 2**20, (2**27, 2**28, 2**29)),
+                         (105 * 2**20, (2**29, 2**30, 2**31))):
+        assert metrics.ceiling_sizes(cache) == sizes and sizes[0] >= 4 * (cache or 0)
 
 
 def test_a_cache_past_the_memory_budget_is_skipped_with_the_reason():
@@ -168,7 +195,7 @@ def test_the_command_line_runs_the_decode_profile(tmp_path, capsys):
         assert main(["--profile", "decode", "--device", "cpu", "--heads", "8", "--seq-lens", "64", "--batch", "1",
                      "--min-run-time", "0.02", "--repeats", "2", "--quiet", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "tok/s" in printed and "Read bandwidth" in printed
+    assert "tok/s" in printed and "Bandwidth ceiling of this run" in printed
     assert render.check_file(out)["problems"] == [] and main(["--validate", str(out)]) == 0
 
 

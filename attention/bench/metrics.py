@@ -7,6 +7,7 @@ import math
 import os
 import re
 import time
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -162,17 +163,47 @@ def bandwidth_call(device, dtype, nbytes=2**29):
     return (lambda: data.sum()), data.nbytes
 
 
-def bandwidth_rate(device, dtype, nbytes=2**29, min_run_time=0.5):
-    """`{"read_gbps", "copy_gbps"}`: a large sum's read rate and a large copy's (read + write bytes), GB/s."""
-    read, read_bytes = bandwidth_call(device, dtype, nbytes)
-    source = torch.rand(nbytes // 4, generator=torch.Generator().manual_seed(1)).to(device)  # float32
-    target = torch.empty_like(source)
-    rates = {}
-    for name, call, moved in (("read_gbps", read, read_bytes), ("copy_gbps", lambda: target.copy_(source),
-                                                                2 * source.nbytes)):
-        timing = time_callable(call, device, Timing(min_run_time, 5, 0.1))
-        rates[name] = moved / (timing["ms_median"] * 1e-3) / 1e9
+def bandwidth_rate(device, dtype, sizes=(2**29,), min_run_time=0.5):
+    """`{"read_gbps", "copy_gbps"}`: the best rate of a sum (a read) and of a copy (read + write bytes) over one
+    tensor of each of `sizes` bytes, GB/s."""
+    rates = {"read_gbps": 0.0, "copy_gbps": 0.0}
+    for nbytes in sizes:
+        read, read_bytes = bandwidth_call(device, dtype, nbytes)
+        source = torch.rand(nbytes // 4, generator=torch.Generator().manual_seed(1)).to(device)  # float32
+        target = torch.empty_like(source)
+        for name, call, moved in (("read_gbps", read, read_bytes), ("copy_gbps", lambda: target.copy_(source),
+                                                                    2 * source.nbytes)):
+            timing = time_callable(call, device, Timing(min_run_time, 5, 0.1))
+            rates[name] = max(rates[name], moved / (timing["ms_median"] * 1e-3) / 1e9)
+        del read, source, target
     return rates
+
+
+def last_level_cache_bytes(device):
+    """The largest cache between the cores and memory, in bytes (the CPU's last level, read from sysfs, or a GPU's L2),
+    or None where it cannot be read."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return getattr(torch.cuda.get_device_properties(device), "L2_cache_size", None) or None
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        if text and text[-1] in units and text[:-1].isdigit():
+            sizes.append(int(text[:-1]) * units[text[-1]])
+    return max(sizes, default=None)
+
+
+def ceiling_sizes(last_level_cache, smallest=2**27):
+    """Three read sizes past the last-level cache for the bandwidth ceiling: the first power of two at least four times
+    the cache (and at least `smallest`), then twice and four times that."""
+    base = smallest
+    while last_level_cache and base < 4 * last_level_cache:
+        base *= 2
+    return (base, 2 * base, 4 * base)
 
 
 def unique_graphs():

@@ -127,9 +127,9 @@ def new_row(row_type, **values):
 
 def mismatches(where, row, expected):
     """Problems where a row's number differs from its definition (`expected`: {field: value}; integers exactly)."""
-    return [f"{where}: {key} {row[key]} does not match its definition ({value:.6g})" for key, value in expected.items()
-            if row[key] is None or (row[key] != value if isinstance(value, int) else
-                                    not math.isclose(row[key], value, rel_tol=1e-3))]
+    return [f"{where}: {key} {row.get(key)} does not match its definition ({value:.6g})" for key, value in expected.items()
+            if row.get(key) is None or (row[key] != value if isinstance(value, int) else
+                                        not math.isclose(row[key], value, rel_tol=1e-3))]
 
 
 def disordered(where, row):

@@ -174,16 +174,19 @@ def grouped_decode_attention(q, k, v, mask=None, dropout_p=0.0):
     B, H, T, D = q.shape
     H_kv, S = k.shape[1], k.shape[2]
     group = H // H_kv
-    q_grouped = q.reshape(B, H_kv, group * T, D)  # (B, H, T, D) -> (B, H_kv, group*T, D): a K/V head's queries together
-    scores = torch.matmul(k, q_grouped.transpose(-1, -2)) * D**-0.5  # (B, H_kv, S, D) @ (B, H_kv, D, group*T) -> (B, H_kv, S, group*T)
+    q_grouped = q.reshape(B, H_kv, group * T, D) * D**-0.5  # (B, H_kv, group*T, D): a K/V head's queries together, scaled
+    scores = torch.matmul(k, q_grouped.transpose(-1, -2))  # (B, H_kv, S, D) @ (B, H_kv, D, group*T) -> (B, H_kv, S, group*T)
+    # The softmax runs along the keys. Over dim -2 of these scores it would step `group * T` elements at a time,
+    # several times slower than over a contiguous last dim, so the scores are transposed first (a copy of S * group * T).
+    scores = scores.transpose(-1, -2).contiguous()  # (B, H_kv, group*T, S)
     if mask is not None:
-        allowed = mask.transpose(0, 1).repeat(1, group)  # (T, S) -> (S, group*T), matching the grouped query order
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    attn_weights = torch.softmax(scores, dim=-2)  # over the keys: (B, H_kv, S, group*T)
+        allowed = mask.repeat(group, 1)  # (T, S) -> (group*T, S), matching the grouped query order
+        scores.masked_fill_(~allowed, float("-inf"))  # in place: a fresh copy that no gradient needs
+    attn_weights = torch.softmax(scores, dim=-1)  # over the keys: (B, H_kv, group*T, S)
     if mask is not None:
         attn_weights = attn_weights.nan_to_num(0.0)  # a query with no key: softmax of all -inf is NaN, its weights 0
     attn_weights = F.dropout(attn_weights, p=dropout_p) if dropout_p > 0 else attn_weights
-    context = torch.matmul(attn_weights.transpose(-1, -2), v)  # (B, H_kv, group*T, S) @ (B, H_kv, S, D) -> (B, H_kv, group*T, D)
+    context = torch.matmul(attn_weights, v)  # (B, H_kv, group*T, S) @ (B, H_kv, S, D) -> (B, H_kv, group*T, D)
     return context.reshape(B, H, T, D)  # (B, H_kv, group*T, D) -> (B, H, T, D)
 
 

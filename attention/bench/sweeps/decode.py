@@ -26,7 +26,7 @@ import torch
 from attention.bench import core, metrics
 from attention.bench.format import collapsed, number, table, title_suffix
 from attention.bench.results import (config_problems, disordered, mismatches, BYTES, MAX_ROWS, POSITIVE, RATE, SHARE, field_rules, integer, list_of, new_row,
-                                     nullable, number as finite, one_of, record, rule_of, text)
+                                     nullable, number as finite, one_of, record, text)
 from attention.causal.gqa import DECODE_KERNELS, GroupedQueryAttention
 from attention.models import MODELS as FAMILIES
 from attention.models.deepseek_v3 import LATENT_NORM_EPS, DeepseekV3Attention, latent_attention_flops, latent_config
@@ -205,13 +205,16 @@ class Config:
     min_repeats: Annotated[int, POSITIVE] = 5
     warmup_time: Annotated[float, finite(0, 1e4)] = 0.1
     bandwidth_bytes: Annotated[int, POSITIVE] = 2**29
+    ceiling_bytes: Annotated[tuple, list_of(POSITIVE, 8)] = ()  # empty: `metrics.ceiling_sizes` of the device's cache
     memory_budget_bytes: Annotated[int | None, BYTES] = None
 
     def resolve(self, device):
         """A copy with the contexts sorted and the memory budget filled in; `ValueError` naming a bad value."""
         resolved = dataclasses.replace(self, models=tuple(self.models), contexts=tuple(sorted(self.contexts)),
                                        batches=tuple(self.batches), kernels=tuple(self.kernels),
-                                       memory_budget_bytes=self.memory_budget_bytes or core.memory_budget(device))
+                                       memory_budget_bytes=self.memory_budget_bytes or core.memory_budget(device),
+                                       ceiling_bytes=tuple(self.ceiling_bytes) or metrics.ceiling_sizes(
+                                           metrics.last_level_cache_bytes(device)))
         problems = config_problems(resolved)
         kernels = {kernel for model in MODELS.values() for kernel in model.kernels}
         problems += [f"kernels: {kernel!r} is run by none of the models {list(MODELS)}"
@@ -255,6 +258,8 @@ class Row(core.Measured):
     bandwidth_gbps_paired: Annotated[float | None, RATE, "A sum's read rate timed beside the row's blocks (median), GB/s."]
     share_of_paired_bandwidth: Annotated[float | None, SHARE, "`gbps / bandwidth_gbps_paired`: how close the step comes "
                                          "to reading at the device's rate under the same conditions."]
+    share_of_peak_bandwidth: Annotated[float | None, SHARE, "`gbps / decode.bandwidth.peak_gbps`: against the best read "
+                                       "or copy of the whole run (null in runs that did not measure it)."]
     tflops: Annotated[float | None, RATE, "`flops / step time`, TFLOP/s."]
     share_of_matmul_peak: Annotated[float | None, SHARE, "`tflops / decode.matmul_peak.tflops`: against the run's "
                                     "matmul rate (a large dense matmul, median of samples)."]
@@ -265,13 +270,13 @@ def run(config, envelope):
     device, dtype = envelope.device, envelope.dtype
     rows = sum(len(set(config.kernels) & set(MODELS[name].kernels)) for name in config.models)
     header = dataclasses.asdict(config) | {key: list(getattr(config, key)) for key in ("models", "contexts", "batches",
-                                                                                         "kernels")}
+                                                                                         "kernels", "ceiling_bytes")}
     section = envelope.open(NAME, header | {"bandwidth": None, "matmul_peak": None, "rows": []},
                             rows * len(config.batches) * len(config.contexts))
     yardstick, samples = core.bandwidth_yardstick(device, dtype, config.bandwidth_bytes), []
 
     def sample(when):
-        rates = metrics.bandwidth_rate(device, dtype, config.bandwidth_bytes)
+        rates = metrics.bandwidth_rate(device, dtype, config.ceiling_bytes)
         rates["matmul_tflops"] = metrics.matmul_rate(device, dtype, 2048, min_run_time=0.5)["tflops"]
         samples.append({"when": when, **rates})
         envelope.say(f"bandwidth ({when}): read {rates['read_gbps']:.1f} GB/s, copy {rates['copy_gbps']:.1f} GB/s; "
@@ -294,12 +299,15 @@ def run(config, envelope):
         sample(f"after {name}")
     section["bandwidth"] = {"bytes": config.bandwidth_bytes, "statistic": "median of samples",
                             "read_gbps": statistics.median(s["read_gbps"] for s in samples),
-                            "copy_gbps": statistics.median(s["copy_gbps"] for s in samples), "samples": samples}
+                            "copy_gbps": statistics.median(s["copy_gbps"] for s in samples), "samples": samples,
+                            "last_level_cache_bytes": metrics.last_level_cache_bytes(device),
+                            "peak_gbps": max(max(s["read_gbps"], s["copy_gbps"]) for s in samples)}
     section["matmul_peak"] = {"size": 2048, "statistic": "median of samples",
                               "tflops": statistics.median(s["matmul_tflops"] for s in samples)}
     for row in section["rows"]:
         if row["tflops"] is not None:
             row["share_of_matmul_peak"] = row["tflops"] / section["matmul_peak"]["tflops"]
+            row["share_of_peak_bandwidth"] = row["gbps"] / section["bandwidth"]["peak_gbps"]
 
 
 def kernel_rows(config, subject, x, envelope, yardstick):
@@ -367,14 +375,21 @@ SECTION = record(field_rules(Config) | {
     "bandwidth": record({"bytes": POSITIVE, "statistic": one_of("median of samples"), "read_gbps": RATE,
                          "copy_gbps": RATE, "samples": list_of(record({
                              "when": text(r"start|after [A-Za-z0-9_.-]+", "start or after <model>"), "read_gbps": RATE,
-                             "copy_gbps": RATE, "matmul_tflops": nullable(RATE)}, optional=("matmul_tflops",)), 200)}),
+                             "copy_gbps": RATE, "matmul_tflops": nullable(RATE)}, optional=("matmul_tflops",)), 200),
+                         "last_level_cache_bytes": nullable(BYTES), "peak_gbps": RATE},
+                        optional=("last_level_cache_bytes", "peak_gbps")),
     "matmul_peak": nullable(record({"size": POSITIVE, "statistic": one_of("median of samples"), "tflops": RATE})),
-    "rows": list_of(rule_of(Row), MAX_ROWS)})
+    "rows": list_of(record(field_rules(Row), optional=("share_of_peak_bandwidth",)), MAX_ROWS)},
+    optional=("ceiling_bytes",))  # the three optional fields: absent in runs recorded before the ceiling was measured
 
 
 def validate(section, result):
     """The section's rules, then each row's bytes, rates and shares recomputed from its own numbers."""
     problems = SECTION(section, NAME) or ([] if section["rows"] else ["decode.rows: none"])
+    bandwidth = {} if problems else section["bandwidth"]
+    best = max((max(sample["read_gbps"], sample["copy_gbps"]) for sample in bandwidth.get("samples", [])), default=None)
+    if "peak_gbps" in bandwidth and (best is None or not math.isclose(bandwidth["peak_gbps"], best, rel_tol=1e-9)):
+        problems.append(f"decode.bandwidth.peak_gbps: {bandwidth['peak_gbps']} is not the best read or copy of its samples")
     element = torch.empty((), dtype=core.DTYPES.get(result["dtype"], torch.float32)).element_size()
     for index, row in enumerate([] if problems else section["rows"]):
         where = f"decode.rows[{index}] ({row['model']}, {row['kernel']}, B={row['batch']}, context={row['context']})"
@@ -394,6 +409,8 @@ def validate(section, result):
                     "tflops": row["flops"] / seconds / 1e12}
         if section["matmul_peak"]:
             expected["share_of_matmul_peak"] = row["tflops"] / section["matmul_peak"]["tflops"]
+        if "peak_gbps" in section["bandwidth"]:
+            expected["share_of_peak_bandwidth"] = row["gbps"] / section["bandwidth"]["peak_gbps"]
         problems += mismatches(where, row, expected)
     return problems
 
@@ -410,6 +427,17 @@ def decode_best(result, model, batch, context):
     return min(decode_rows(result, batch, model, None, context), key=lambda row: row["ms_median"], default=None)
 
 
+def shown_share(result):
+    """The bandwidth share the tables and charts show: against the run's peak (its best read or copy) where the run
+    measured one, else against the read timed beside each row (runs recorded before the peak was)."""
+    return "share_of_peak_bandwidth" if "peak_gbps" in result[NAME]["bandwidth"] else "share_of_paired_bandwidth"
+
+
+def share_words(result):
+    return ("the run's peak bandwidth" if shown_share(result) == "share_of_peak_bandwidth"
+            else "the read bandwidth measured beside the row")
+
+
 def axes(result, models=None):
     rows = [row for row in result[NAME]["rows"] if models is None or row["model"] in models]
     return (list(dict.fromkeys(r["model"] for r in rows)), list(dict.fromkeys(r["kernel"] for r in rows)),
@@ -417,15 +445,16 @@ def axes(result, models=None):
 
 
 def decode_table(result, batch, models=None):
-    """Tokens per second and share of the read bandwidth per model and kernel (rows) and context (columns), at one
+    """Tokens per second and bandwidth share (`shown_share`) per model and kernel (rows) and context (columns), at one
     batch size, of `models` (default all); skipped or failed rows say so, wrong ones WRONG."""
     models, kernels, _, contexts = axes(result, models)
+    share = shown_share(result)
     cells = {(r["model"], r["kernel"], r["context"]): r for r in result[NAME]["rows"] if r["batch"] == batch}
 
     def cell(row):
         if row is None or row["status"] != "ok":
             return "" if row is None else row["status"]
-        return f"{row['tokens_per_s']:,.0f} tok/s · {row['share_of_paired_bandwidth']:.0%}" if row["correct"] else "WRONG"
+        return f"{row['tokens_per_s']:,.0f} tok/s · {row[share]:.0%}" if row["correct"] else "WRONG"
     kv = {r["model"]: r["num_kv_heads"] for r in result[NAME]["rows"]}
     return table(["Model (K/V heads)", "Kernel"] + [f"{c:,}" for c in contexts],
                  [[f"{model} ({kv[model]})", f"`{kernel}`"] + [cell(cells.get((model, kernel, c))) for c in contexts]
@@ -434,14 +463,15 @@ def decode_table(result, batch, models=None):
 
 
 def decode_summary_table(result, contexts=None, models=None):
-    """Per batch and model (`models`, default all): the fastest kernel's tokens/s and bandwidth share at `contexts`
-    (default all), and the cache bytes per token."""
+    """Per batch and model (`models`, default all): the fastest kernel's tokens/s and bandwidth share (`shown_share`)
+    at `contexts` (default all), and the cache bytes per token."""
     models, _, batches, measured = axes(result, models)
+    share = shown_share(result)
     contexts = [c for c in contexts or measured if c in measured]
     first = {r["model"]: r for r in reversed(result[NAME]["rows"])}
 
     def cell(best):
-        return "" if best is None else (f"{best['tokens_per_s']:,.0f} tok/s, {best['share_of_paired_bandwidth']:.0%} "
+        return "" if best is None else (f"{best['tokens_per_s']:,.0f} tok/s, {best[share]:.0%} "
                                         f"(`{best['kernel']}`)")
     return table(["Batch", "Model", "K/V heads", "Cache per token"] + [f"{c:,} context" for c in contexts],
                  [[batch, model, first[model]["num_kv_heads"], f"{first[model]['cache_bytes_per_token'] / 1024:,.0f} KiB"]
@@ -450,7 +480,7 @@ def decode_summary_table(result, contexts=None, models=None):
 
 
 def plot_decode(result, metric="tokens_per_s", models=None):
-    """`metric` (tokens_per_s or share_of_paired_bandwidth) against context, a panel per batch size, a colour per
+    """`metric` (tokens_per_s or a bandwidth share) against context, a panel per batch size, a colour per
     model (`models`, default all), solid for the `matmul` kernel and dashed for the others."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure
@@ -471,7 +501,8 @@ def plot_decode(result, metric="tokens_per_s", models=None):
         if metric == "tokens_per_s":
             ax.set(yscale="log", ylabel="tokens per second (one layer)")
         else:
-            ax.set(ylabel="% of measured read bandwidth", ylim=(0, None))
+            ax.set(ylabel="% of the run's peak bandwidth" if metric == "share_of_peak_bandwidth"
+                   else "% of the read bandwidth beside it", ylim=(0, None))
         ax.set(xlabel="context (cached positions)", title=f"batch {batch}")
         ax.grid(True, which="both", alpha=0.3)
     handles, labels = panels[0].get_legend_handles_labels()  # every panel draws the same lines
@@ -483,23 +514,34 @@ def plot_decode(result, metric="tokens_per_s", models=None):
 def bandwidth_note(result):
     bandwidth, matmul = result[NAME]["bandwidth"], result[NAME]["matmul_peak"]
     reads = [s["read_gbps"] for s in bandwidth["samples"]]
-    return (f"Read bandwidth (a sum over {bandwidth['bytes'] / 2**20:,.0f} MiB, same run): median "
-            f"{bandwidth['read_gbps']:.1f} GB/s of {len(reads)} samples (lowest {min(reads):.1f}, highest "
-            f"{max(reads):.1f}); a copy of the same size: {bandwidth['copy_gbps']:.1f} GB/s counting reads and "
-            f"writes. Each row's share is against the read rate timed beside it."
-            + (f" Matmul rate (2048² {result['dtype']}, same run): {number(matmul['tflops'])} TFLOP/s." if matmul else ""))
+    paired = [r["bandwidth_gbps_paired"] for r in decode_rows(result)]
+    note = (f"Read rate timed beside each row (a sum over {bandwidth['bytes'] / 2**20:,.0f} MiB): median "
+            f"{statistics.median(paired):.1f} GB/s (lowest {min(paired):.1f}, highest {max(paired):.1f})." if paired else "")
+    if "peak_gbps" in bandwidth:
+        sizes = ", ".join(f"{size / 2**20:,.0f}" for size in result[NAME]["ceiling_bytes"])
+        cache = bandwidth["last_level_cache_bytes"]
+        note = (f"Bandwidth ceiling of this run: **{bandwidth['peak_gbps']:.1f} GB/s**, the best of {len(reads)} samples "
+                f"(at the start and after each model) of a read (a sum) and a copy (reads and writes counted) over "
+                f"{sizes} MiB" + (f", past the {cache / 2**20:,.0f} MiB last-level cache" if cache else "") + "; "
+                f"medians of the samples: read {bandwidth['read_gbps']:.1f} GB/s (lowest {min(reads):.1f}), copy "
+                f"{bandwidth['copy_gbps']:.1f}. Shares in the tables and charts are against the ceiling. " + note)
+    else:
+        note = (f"Read bandwidth (a sum over {bandwidth['bytes'] / 2**20:,.0f} MiB, same run): median "
+                f"{bandwidth['read_gbps']:.1f} GB/s of {len(reads)} samples; a copy: {bandwidth['copy_gbps']:.1f} GB/s. "
+                "Each row's share is against the read rate timed beside it. " + note)
+    return note + (f" Matmul rate (2048² {result['dtype']}, same run): {number(matmul['tflops'])} TFLOP/s." if matmul else "")
 
 
 def charts(result):
     return {"tokens": (plot_decode(result, "tokens_per_s"), f"decode tokens per second against context, "
                                                              f"{title_suffix(result)}"),
-            "share": (plot_decode(result, "share_of_paired_bandwidth"), "decode step's share of the measured read "
-                                                                        f"bandwidth against context, {title_suffix(result)}")}
+            "share": (plot_decode(result, shown_share(result)), f"decode step's share of {share_words(result)} "
+                                                                  f"against context, {title_suffix(result)}")}
 
 
 def tables(result):
     return "\n\n".join([bandwidth_note(result), decode_summary_table(result)] + [
-        f"Batch {batch}: tokens per second (one layer) and share of the measured read bandwidth\n\n"
+        f"Batch {batch}: tokens per second (one layer) and share of {share_words(result)}\n\n"
         + decode_table(result, batch) for batch in axes(result)[2]])
 
 
@@ -507,6 +549,6 @@ def page(result, images):
     section = result[NAME]
     return "\n\n".join([
         f"The fastest kernel per model, {section['num_heads']} query heads of {section['head_dim']} (MHA, GQA, MQA, the "
-        "model families' layers and MLA at those sizes), one attention layer; each cell: tokens per second and the share of the read bandwidth measured beside the row:",
+        f"model families' layers and MLA at those sizes), one attention layer; each cell: tokens per second and the share of {share_words(result)}:",
         decode_summary_table(result), *images.values(), bandwidth_note(result)] + [
         collapsed(f"Batch {batch}: every kernel and context", decode_table(result, batch)) for batch in axes(result)[2]])
