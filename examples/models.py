@@ -27,7 +27,7 @@ import torch
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
-from attention.causal.gqa import KVCache, SlidingWindowKVCache
+from attention.causal.gqa import KVCache, SlidingWindowKVCache, uses_grouped_matmuls
 from attention.display import show, show_markdown, show_source, show_table
 from attention.models import MODELS
 from attention.models.flex import flex_forward
@@ -617,8 +617,10 @@ for path, result in layer_runs:
                   f"{PUBLISHED['Gemma 2 27B']['config']['sliding_window']:,}, gpt-oss "
                   f"{PUBLISHED['gpt-oss-120b']['config']['sliding_window']:,}; Llama 4's chunks "
                   f"{PUBLISHED['Llama 4 Scout']['config']['attention_chunk_size']:,}), the fastest "
-                  "kernel per layer (each layer runs its own: `sdpa`, or `matmul` where sinks or the soft-cap need the "
-                  f"written-out softmax); each cell: tokens per second and the share of {render.share_words(result)}."
+                  "kernel per layer (the layers on SDPA run two: `sdpa`, and `matmul`, the grouped matmuls of "
+                  "`attention.causal.gqa.cached_attention`; Gemma 2's and gpt-oss's run their written-out softmax, "
+                  "`matmul`, which the soft-cap and the sinks need); each cell: tokens per second and the share of "
+                  f"{render.share_words(result)}."
                   "\n\n"
                   + render.decode_summary_table(result, contexts=[1024, 4096, 16384, 32768], models=["GQA", *LAYER_ROWS]))
     show(render.plot_decode(result, "tokens_per_s", models=["GQA", *LAYER_ROWS]))
@@ -629,6 +631,17 @@ for path, result in layer_runs:
             f"{model} {row['ms_median']:.2f} ms per step ({row['tokens_per_s']:,.0f} tokens/s, reading "
             f"{row['positions_read']:,} positions, {row[render.shown_share(result)]:.0%} of {render.share_words(result)})"
             for model, row in measured.items()) + ".")
+    both = [(model, rows) for model in LAYER_ROWS if all(rows := [render.decode_rows(result, 1, model, kernel, 16384)
+                                                                    for kernel in ("sdpa", "matmul")])]
+    if both:
+        show_markdown("The two kernels of the layers on SDPA, same context and batch: " + "; ".join(
+            f"{model} `sdpa` {sdpa[0]['tokens_per_s']:,.1f} tokens/s, `matmul` {matmul[0]['tokens_per_s']:,.1f} "
+            f"({matmul[0]['tokens_per_s'] / sdpa[0]['tokens_per_s']:.2f}x)" for model, (sdpa, matmul) in both) + ". "
+            "SDPA's CPU kernel takes one query head at a time and so reads each K/V head once per query head of its "
+            "group; the grouped matmuls read it once for the group ([KV cache and decoding](../kv_cache/)). "
+            f"`decode_kernel=\"{LlamaAttention.decode_kernel}\"`, the layers' default, takes "
+            f"`{'matmul' if uses_grouped_matmuls(LlamaAttention.decode_kernel, torch.device('cpu'), 1) else 'sdpa'}` "
+            "for one new token on CPU.")
     local, full = at_16k["gpt-oss-local"], at_16k["gpt-oss-global"]
     if local and full:
         show_markdown(f"gpt-oss's local layer reads {local['cache_bytes_read'] / 2**20:,.1f} MiB of cache per step "

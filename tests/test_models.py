@@ -241,6 +241,55 @@ def test_cached_decoding_equals_the_full_forward(name, layer_idx, schedule):
     assert cache.nbytes == 2 * B * module.num_key_value_heads * kept * module.head_dim * 8
 
 
+DECODE_KERNEL_LAYERS = [(case, case_id) for case, case_id in zip(LAYERS, LAYER_IDS) if hasattr(layer_of(*case), "decode_kernel")]
+
+
+@pytest.mark.parametrize("decode_kernel", ["sdpa", "matmul"])
+@pytest.mark.parametrize("schedule", ["steps", "chunks"])
+@pytest.mark.parametrize("name,layer_idx", [case for case, _ in DECODE_KERNEL_LAYERS],
+                         ids=[case_id for _, case_id in DECODE_KERNEL_LAYERS])
+def test_each_decode_kernel_continues_the_full_forward(name, layer_idx, schedule, decode_kernel):
+    """A layer on SDPA decodes through SDPA or the grouped matmuls (`decode_kernel`), each equal to the full forward
+    (its window, chunk, norms, scale and positions included); the grouped matmuls run where they are asked for."""
+    import attention.causal.gqa as gqa
+
+    _, module = layer_pair(name, layer_idx)
+    module.decode_kernel = decode_kernel
+    x = random_input(module)
+    calls = []
+    original = gqa.grouped_decode_attention
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gqa, "grouped_decode_attention", lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs))
+        full = module(x)
+        cache, pieces, start = module.new_cache(B, capacity=16), [], 0
+        for length in SCHEDULES[schedule]:
+            pieces.append(module(x[:, start:start + length], cache=cache))
+            start += length
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=0, atol=1e-12)
+    assert len(calls) == (len(SCHEDULES[schedule]) if decode_kernel == "matmul" else 0)
+
+
+def test_the_auto_decode_kernel_takes_the_grouped_matmuls_for_a_few_tokens_on_cpu(monkeypatch):
+    import attention.causal.gqa as gqa
+
+    _, module = layer_pair("llama", 0)
+    assert module.decode_kernel == "auto"
+    calls = []
+    original = gqa.grouped_decode_attention
+    monkeypatch.setattr(gqa, "grouped_decode_attention", lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs))
+    x = random_input(module)
+    with torch.no_grad():
+        module(x)  # no cache: SDPA
+        cache = module.new_cache(B, capacity=64)
+        module(x[:, :1], cache=cache)
+        assert calls == [1]
+        module(torch.cat([x] * 2, dim=1), cache=cache)  # 22 new tokens: past AUTO_MATMUL_MAX_TOKENS, SDPA
+        assert calls == [1] and gqa.AUTO_MATMUL_MAX_TOKENS < 2 * T
+        module.decode_kernel = "flash"
+        with pytest.raises(ValueError, match="decode_kernel must be one of .* got decode_kernel='flash'"):
+            module(x[:, :1], cache=cache)
+
+
 @pytest.mark.parametrize("name,layer_idx", LAYERS, ids=LAYER_IDS)
 def test_a_rewound_cache_repeats_the_step(name, layer_idx):
     _, module = layer_pair(name, layer_idx)

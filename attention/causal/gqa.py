@@ -69,8 +69,7 @@ class GroupedQueryAttention(nn.Module):
         check_input(x, self.d_in, self.context_length)
         B, T, C = x.shape
         H, H_kv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        grouped_matmuls = cache is not None and (self.decode_kernel == "matmul" or (
-            self.decode_kernel == "auto" and x.device.type == "cpu" and T <= AUTO_MATMUL_MAX_TOKENS))
+        grouped_matmuls = cache is not None and uses_grouped_matmuls(self.decode_kernel, x.device, T)
         # One token of one sequence: each projection is a matrix-vector product, which the CPU's BLAS runs on
         # one thread; split into a batch of them (`row_split_linear`), it reads the weights on every core.
         project = row_split_linear if grouped_matmuls and B * T == 1 else (lambda layer, inputs: layer(inputs))
@@ -156,7 +155,26 @@ def row_split_linear(layer, x, chunks=8):
     return y if layer.bias is None else y + layer.bias
 
 
-def grouped_decode_attention(q, k, v, mask=None, dropout_p=0.0):
+def uses_grouped_matmuls(decode_kernel, device, new_tokens):
+    """Whether a call with a cache attends through `grouped_decode_attention`: `decode_kernel` `"matmul"`, or `"auto"`
+    on CPU for at most `AUTO_MATMUL_MAX_TOKENS` new tokens; else SDPA."""
+    if decode_kernel not in DECODE_KERNELS:
+        raise ValueError(f"decode_kernel must be one of {DECODE_KERNELS}, got decode_kernel={decode_kernel!r}")
+    return decode_kernel == "matmul" or (decode_kernel == "auto" and device.type == "cpu"
+                                         and new_tokens <= AUTO_MATMUL_MAX_TOKENS)
+
+
+def cached_attention(q, keys, values, mask, scale=None, decode_kernel="auto"):
+    """Attention of `q` `(B, H, T, D)` over what a cache's `update` returned (`keys`, `values` `(B, H_kv, S, D)`, `mask`
+    `(T, S)` or None), as `GroupedQueryAttention` picks it (`uses_grouped_matmuls`): the model families' layers
+    decode through it. `scale` defaults to `1 / sqrt(D)`. Returns `(B, H, T, D)`."""
+    if uses_grouped_matmuls(decode_kernel, q.device, q.shape[2]):
+        return grouped_decode_attention(q, keys, values, mask, scale=scale)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
+                                          enable_gqa=keys.shape[1] != q.shape[1])  # (B, H, T, D)
+
+
+def grouped_decode_attention(q, k, v, mask=None, dropout_p=0.0, scale=None):
     """Attention of a few queries over many cached keys, each K/V head read once for its group: `(B, H, T, D)`.
 
     Args:
@@ -165,6 +183,7 @@ def grouped_decode_attention(q, k, v, mask=None, dropout_p=0.0):
         mask: boolean `(T, S)`, True = attend, or None (every query attends to every key). A query with
             no key to attend to gets zeros.
         dropout_p: dropout on the attention weights.
+        scale: the scores' factor; None: `1 / sqrt(D)`.
 
     A decode step reads the whole cache for very little arithmetic, so its speed is the rate at which
     it reads `k` and `v`. The scores are computed as `k @ qᵀ`, `(S, D) @ (D, group * T)` per K/V head:
@@ -174,7 +193,8 @@ def grouped_decode_attention(q, k, v, mask=None, dropout_p=0.0):
     B, H, T, D = q.shape
     H_kv, S = k.shape[1], k.shape[2]
     group = H // H_kv
-    q_grouped = q.reshape(B, H_kv, group * T, D) * D**-0.5  # (B, H_kv, group*T, D): a K/V head's queries together, scaled
+    scale = D**-0.5 if scale is None else scale
+    q_grouped = q.reshape(B, H_kv, group * T, D) * scale  # (B, H_kv, group*T, D): a K/V head's queries together, scaled
     scores = torch.matmul(k, q_grouped.transpose(-1, -2))  # (B, H_kv, S, D) @ (B, H_kv, D, group*T) -> (B, H_kv, S, group*T)
     # The softmax runs along the keys. Over dim -2 of these scores it would step `group * T` elements at a time,
     # several times slower than over a contiguous last dim, so the scores are transposed first (a copy of S * group * T).

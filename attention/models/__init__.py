@@ -38,7 +38,9 @@ class ModelAttention(Protocol):
     * **Decoding**: `module.new_cache(batch_size, capacity)` makes an empty cache
       (`attention.causal.DecodingCache`); `module(x, cache=cache)` continues the cached sequence with
       `x`. A local layer's cache holds at most its window, whatever `capacity`; a cache made by
-      another layer (another shape or kind) is refused with `ValueError`.
+      another layer (another shape or kind) is refused with `ValueError`. Layers that attend through SDPA
+      have `decode_kernel` (`"auto"`, `"sdpa"` or `"matmul"`, as `GroupedQueryAttention`): over a cache on CPU,
+      a few new tokens go through the grouped matmuls that read each K/V head once for its query heads.
     """
 
     layer_type: str

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention.causal.gqa import KVCache, SlidingWindowKVCache
+from attention.causal.gqa import KVCache, SlidingWindowKVCache, cached_attention
 
 REQUIRED = object()  # `config_value`'s default: the field must be present
 
@@ -33,10 +33,12 @@ class Llama4TextAttention(nn.Module):
     """Llama 4's text self-attention layer: `(B, T, hidden_size) -> (B, T, hidden_size)`.
 
     The parameters of transformers' `Llama4TextAttention`: `q_proj`, `k_proj`, `v_proj`, `o_proj` (biases where
-    `attention_bias`); the L2 norm has no weight. The attention runs on `F.scaled_dot_product_attention`.
+    `attention_bias`); the L2 norm has no weight. The attention runs on `F.scaled_dot_product_attention`;
+    over a cache, `decode_kernel` picks it or the grouped matmuls (`attention.causal.gqa.cached_attention`).
     """
 
     MODEL_TYPES = ("llama4_text",)
+    decode_kernel = "auto"  # over a cache: "sdpa", "matmul" or "auto" (attention.causal.gqa.DECODE_KERNELS)
 
     def __init__(self, config, layer_idx):
         super().__init__()
@@ -97,9 +99,12 @@ class Llama4TextAttention(nn.Module):
                 in_chunk = chunk_mask(torch.arange(start, start + T, device=x.device), key_positions,
                                       self.attention_chunk_size)  # (T, S)
                 mask = in_chunk if mask is None else mask & in_chunk
-        context = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, scale=self.scaling, is_causal=cache is None and mask is None,
-            enable_gqa=self.num_key_value_heads != self.num_attention_heads)  # (B, H, T, D)
+        if cache is None:
+            context = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, scale=self.scaling, is_causal=mask is None,
+                enable_gqa=self.num_key_value_heads != self.num_attention_heads)  # (B, H, T, D)
+        else:  # SDPA, or the grouped matmuls for a few new tokens on CPU (`decode_kernel`, as GroupedQueryAttention)
+            context = cached_attention(q, keys, values, mask, self.scaling, self.decode_kernel)  # (B, H, T, D)
         context = context.transpose(1, 2).reshape(B, T, -1)  # (B, T, H*D)
         return self.o_proj(context)  # (B, T, hidden_size)
 

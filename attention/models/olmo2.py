@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention.causal.gqa import KVCache, SlidingWindowKVCache
+from attention.causal.gqa import KVCache, SlidingWindowKVCache, cached_attention
 
 REQUIRED = object()  # `config_value`'s default: the field must be present
 
@@ -29,10 +29,12 @@ class Olmo2Attention(nn.Module):
 
     The parameters of transformers' `Olmo2Attention`: `q_proj`, `k_proj`, `v_proj`, `o_proj` (biases where
     `attention_bias`), `q_norm.weight` `(H * D,)` and `k_norm.weight` `(H_kv * D,)`. The attention runs on
-    `F.scaled_dot_product_attention`.
+    `F.scaled_dot_product_attention`; over a cache, `decode_kernel` picks it or the grouped matmuls
+    (`attention.causal.gqa.cached_attention`).
     """
 
     MODEL_TYPES = ("olmo2",)
+    decode_kernel = "auto"  # over a cache: "sdpa", "matmul" or "auto" (attention.causal.gqa.DECODE_KERNELS)
     qk_norm = "projection"  # an RMSNorm over the whole query and the whole key projection, before RoPE
 
     def __init__(self, config, layer_idx):
@@ -82,9 +84,12 @@ class Olmo2Attention(nn.Module):
             keys, values, mask = k, v, window_mask(T, self.sliding_window, x.device)  # mask (T, T), or None: causal
         else:
             keys, values, mask = cache.update(k, v)  # (B, H_kv, S, D) each; mask (T, S) or None
-        context = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, scale=self.scaling, is_causal=cache is None and mask is None,
-            enable_gqa=self.num_key_value_heads != self.num_attention_heads)  # (B, H, T, D)
+        if cache is None:
+            context = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, scale=self.scaling, is_causal=mask is None,
+                enable_gqa=self.num_key_value_heads != self.num_attention_heads)  # (B, H, T, D)
+        else:  # SDPA, or the grouped matmuls for a few new tokens on CPU (`decode_kernel`, as GroupedQueryAttention)
+            context = cached_attention(q, keys, values, mask, self.scaling, self.decode_kernel)  # (B, H, T, D)
         context = context.transpose(1, 2).reshape(B, T, -1)  # (B, T, H*D)
         return self.o_proj(context)  # (B, T, hidden_size)
 

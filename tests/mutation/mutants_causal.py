@@ -32,7 +32,7 @@ MUTANTS = [
            "self.scale = 1 / math.sqrt(self.head_dim)", "self.scale = math.sqrt(self.head_dim)",
            "the scale multiplied where it should divide", implementation("seq_first")),
     Mutant("grouped_decode_scale_by_head_dim", CAUSAL + "gqa.py",
-           "* D**-0.5  # (B, H_kv, S, D) @", "* D**-1  # (B, H_kv, S, D) @",
+           "    scale = D**-0.5 if scale is None else scale\n", "    scale = D**-1 if scale is None else scale\n",
            "the decode kernel's scale 1/D instead of 1/sqrt(D)", "tests/test_kv_cache.py"),
     # Masks.
     Mutant("split_heads_mask_off_by_one", CAUSAL + "split_heads.py",

@@ -124,4 +124,15 @@ MUTANTS = [
            "    angles = torch.cat([angles, angles], dim=-1)  # (T, D)",
            "a decoding step rotated as position 0 instead of its place after the cache",
            "tests/test_models.py -k 'cached_decoding and (llama- or mistral)'"),
+    # Decoding through the grouped matmuls.
+    Mutant("llama4_decode_kernel_ignored", MODELS + "llama4.py",
+           "context = cached_attention(q, keys, values, mask, self.scaling, self.decode_kernel)",
+           "context = cached_attention(q, keys, values, mask, self.scaling)",
+           "the layer's decode_kernel never passed on: every cached call takes auto's choice",
+           "tests/test_models.py -k 'decode_kernel and llama4'"),
+    Mutant("gemma3_decode_default_scale", MODELS + "gemma3.py",
+           "context = cached_attention(q, keys, values, mask, self.scaling, self.decode_kernel)",
+           "context = cached_attention(q, keys, values, mask, None, self.decode_kernel)",
+           "Gemma 3's scale (1/sqrt(query_pre_attn_scalar)) replaced by 1/sqrt(head_dim) when decoding",
+           "tests/test_models.py -k 'decode_kernel and gemma3'"),
 ]

@@ -113,11 +113,12 @@ def grouped_reference(module, x0, cached, context):
 
 # --- Layers of current open models (`attention.models`), at the config's sizes -------------------------------------
 
-def family(published, layer_idx, kernel, group=None):
+def family(published, layer_idx, kernels, group=None):
     """Layer `layer_idx` of `attention.models.published.PUBLISHED[published]` (its window or chunk, norms, scale, RoPE,
     soft-cap, sinks) at the config's `num_heads` query heads of `head_dim`, the published query heads per K/V head
     (or `group`, where the published ratio does not divide `num_heads`), and hidden size `num_heads * head_dim`;
-    `kernel` names the attention its forward runs."""
+    `kernels` name the attention its forward runs: `("matmul",)` for a layer whose forward writes its softmax out
+    (soft-cap, sinks), `("sdpa", "matmul")` for one with `decode_kernel` (SDPA or the grouped matmuls)."""
     base = PUBLISHED[published]["config"]
     group = group or base["num_attention_heads"] // base["num_key_value_heads"]
 
@@ -130,16 +131,18 @@ def family(published, layer_idx, kernel, group=None):
     def build(config, kernel):
         module = randomised_parameters(FAMILIES[base["model_type"]].from_config(sized(config), layer_idx), config.seed)
         module.num_heads, module.num_kv_heads = module.num_attention_heads, module.num_key_value_heads  # the row's names
+        if hasattr(module, "decode_kernel"):
+            module.decode_kernel = kernel
         return module, module.hidden_size
 
     with torch.device("meta"):  # the layer's window or chunk (what its cache keeps): the published model's, not the sizes'
         layer = FAMILIES[base["model_type"]].from_config(sized(SimpleNamespace(num_heads=group, head_dim=8)), layer_idx)
         window = layer.sliding_window or getattr(layer, "attention_chunk_size", None)
-    def step_bytes(module, batch, positions):  # matmuls broadcast K/V heads to their query heads: copies of the cache
+    def step_bytes(module, batch, positions):  # a written-out softmax broadcasts K/V heads: copies of the cache
         element = module.q_proj.weight.element_size()
-        return 0 if kernel == "sdpa" else 2 * batch * module.num_heads * positions * module.head_dim * element
+        return 0 if hasattr(module, "decode_kernel") else 2 * batch * module.num_heads * positions * module.head_dim * element
 
-    return Model((kernel,), build, lambda module: [(module.num_kv_heads, module.head_dim)] * 2, family_reference,
+    return Model(kernels, build, lambda module: [(module.num_kv_heads, module.head_dim)] * 2, family_reference,
                  lambda context: min(context + 1, window or context + 1), check=sized, step_bytes=step_bytes)
 
 
@@ -178,12 +181,12 @@ MLA = Model(("absorbed", "naive"), latent_build, lambda module: [(1, module.kv_l
 # name -> Model: the row's `model`. 32 query heads of 128 (the default config): Llama 2 7B's and Llama 3 8B's
 # attention; GQA's 8:1 is Llama 2 70B's and Llama 3 70B's. The model families' layers take those sizes too.
 MODELS = {"MHA": grouped(1), "GQA": grouped(8), "MQA": grouped(None),
-          "Llama-3": family("Llama 3.1 8B", 0, "sdpa"), "Gemma-3-local": family("Gemma 3 27B", 0, "sdpa"),
-          "Gemma-2-local": family("Gemma 2 27B", 0, "matmul"), "Gemma-2-global": family("Gemma 2 27B", 1, "matmul"),
-          "gpt-oss-local": family("gpt-oss-120b", 0, "matmul"), "gpt-oss-global": family("gpt-oss-120b", 1, "matmul"),
+          "Llama-3": family("Llama 3.1 8B", 0, KERNELS), "Gemma-3-local": family("Gemma 3 27B", 0, KERNELS),
+          "Gemma-2-local": family("Gemma 2 27B", 0, ("matmul",)), "Gemma-2-global": family("Gemma 2 27B", 1, ("matmul",)),
+          "gpt-oss-local": family("gpt-oss-120b", 0, ("matmul",)), "gpt-oss-global": family("gpt-oss-120b", 1, ("matmul",)),
           # Llama 4 Scout's 40:8 heads do not divide 32 query heads: 4 query heads per K/V head (8 K/V heads) here.
-          "Llama-4-chunked": family("Llama 4 Scout", 0, "sdpa", group=4),
-          "Llama-4-NoPE": family("Llama 4 Scout", 3, "sdpa", group=4), "MLA": MLA}
+          "Llama-4-chunked": family("Llama 4 Scout", 0, KERNELS, group=4),
+          "Llama-4-NoPE": family("Llama 4 Scout", 3, KERNELS, group=4), "MLA": MLA}
 
 
 @dataclasses.dataclass
