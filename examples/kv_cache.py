@@ -316,7 +316,7 @@ show_markdown("For real models (Llama, Mistral, Qwen, Gemma) at their published 
 # caches of 1,024 to 32,768 positions, each step checked against a float64 reference. Beside
 # each row, a sum over 512 MiB gives the read bandwidth of the same moment; at the start and after
 # each model, a read and a copy over three sizes past the last-level cache give the run's ceiling,
-# its best rate, which the shares below are against (the note under the table states it). Tokens per second are
+# its best rate, which the shares below are against (the note under the charts states it). Tokens per second are
 # for this one layer: a model's step runs every layer (and its MLPs), so divide accordingly. (The
 # profile also steps current open models' layers and multi-head latent attention; their pages show
 # those rows.) The recorded run:
@@ -337,6 +337,7 @@ show_markdown("**One decode step of one attention layer, per batch size, model a
               + render.decode_summary_table(decode_result, contexts=[1024, 8192, 16384, 32768], models=GROUPED))
 show(render.plot_decode(decode_result, "tokens_per_s", models=GROUPED))
 show(render.plot_decode(decode_result, share, models=GROUPED))
+show_markdown(render.bandwidth_note(decode_result))
 
 # %% [markdown]
 # What the run says, read from its rows:

@@ -15,7 +15,7 @@ from attention.bench.results import (RESULTS_DIR, check_file, check_report, find
 from attention.bench.sweeps.block_sparse import (block_sparse_rows, block_sparse_table, crossover_table,  # noqa: F401
                                                  crossovers, plot_block_sparse)
 from attention.bench.sweeps.decode import (decode_best, decode_rows, decode_summary_table, decode_table,  # noqa: F401
-                                           plot_decode, share_words, shown_share)
+                                           bandwidth_note, plot_decode, share_words, shown_share)
 from attention.bench.sweeps.sequence import (fastest, fastest_cell, fastest_table, markdown_tables, memory_slope_table,  # noqa: F401
                                              memory_slopes, plot_bars, plot_memory_vs_seq_len,
                                              plot_time_vs_seq_len, results_table, shape_rows, slower_by, sweep_rows,
