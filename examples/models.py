@@ -631,17 +631,21 @@ for path, result in layer_runs:
             f"{model} {row['ms_median']:.2f} ms per step ({row['tokens_per_s']:,.0f} tokens/s, reading "
             f"{row['positions_read']:,} positions, {row[render.shown_share(result)]:.0%} of {render.share_words(result)})"
             for model, row in measured.items()) + ".")
-    both = [(model, rows) for model in LAYER_ROWS if all(rows := [render.decode_rows(result, 1, model, kernel, 16384)
-                                                                    for kernel in ("sdpa", "matmul")])]
-    if both:
-        show_markdown("The two kernels of the layers on SDPA, same context and batch: " + "; ".join(
-            f"{model} `sdpa` {sdpa[0]['tokens_per_s']:,.1f} tokens/s, `matmul` {matmul[0]['tokens_per_s']:,.1f} "
-            f"({matmul[0]['tokens_per_s'] / sdpa[0]['tokens_per_s']:.2f}x)" for model, (sdpa, matmul) in both) + ". "
-            "SDPA's CPU kernel takes one query head at a time and so reads each K/V head once per query head of its "
-            "group; the grouped matmuls read it once for the group ([KV cache and decoding](../kv_cache/)). "
-            f"`decode_kernel=\"{LlamaAttention.decode_kernel}\"`, the layers' default, takes "
-            f"`{'matmul' if uses_grouped_matmuls(LlamaAttention.decode_kernel, torch.device('cpu'), 1) else 'sdpa'}` "
-            "for one new token on CPU.")
+    two_kernels = []  # the layers on SDPA, which run both kernels
+    for model in LAYER_ROWS:
+        sdpa, matmul = (render.decode_rows(result, 1, model, kernel, 16384) for kernel in ("sdpa", "matmul"))
+        if sdpa and matmul:
+            two_kernels.append(f"{model} `sdpa` {sdpa[0]['tokens_per_s']:,.1f} tokens/s, `matmul` "
+                               f"{matmul[0]['tokens_per_s']:,.1f} ({matmul[0]['tokens_per_s'] / sdpa[0]['tokens_per_s']:.2f}x)")
+    if two_kernels:
+        show_markdown("The two kernels of the layers on SDPA, at a 16,384-position context and batch 1: "
+                      + "; ".join(two_kernels) + ". "
+                      "SDPA's CPU kernel takes one query head at a time and so reads each K/V head once per query head "
+                      "of its group; the grouped matmuls read it once for the group ([KV cache and "
+                      "decoding](../kv_cache/)). "
+                      f"`decode_kernel=\"{LlamaAttention.decode_kernel}\"`, the layers' default, takes "
+                      f"`{'matmul' if uses_grouped_matmuls(LlamaAttention.decode_kernel, torch.device('cpu'), 1) else 'sdpa'}` "
+                      "for one new token on CPU.")
     local, full = at_16k["gpt-oss-local"], at_16k["gpt-oss-global"]
     if local and full:
         show_markdown(f"gpt-oss's local layer reads {local['cache_bytes_read'] / 2**20:,.1f} MiB of cache per step "
