@@ -291,6 +291,28 @@ def test_the_auto_decode_kernel_takes_the_grouped_matmuls_for_a_few_tokens_on_cp
 
 
 @pytest.mark.parametrize("name,layer_idx", LAYERS, ids=LAYER_IDS)
+def test_a_decoding_step_reads_the_cache_where_it_lies(name, layer_idx):
+    """One new token over 2,048 cached positions allocates less than a quarter of the cache: no layer copies its keys
+    and values (a batched matmul broadcasting K/V heads over their query heads would: `group` copies of the cache)."""
+    from attention.bench.metrics import profile_call
+
+    model_type, fields = CASES[name]
+    wide = {key: 4096 for key in ("sliding_window", "attention_chunk_size") if key in fields}  # windows over the cache
+    config = transformers.AutoConfig.for_model(model_type, **{**TINY, **fields, **wide, "head_dim": 64})
+    module = MODELS[model_type].from_config(config, layer_idx)
+    cache = module.new_cache(B, capacity=2049)
+    x = torch.randn(B, 2048, module.hidden_size)
+    with torch.no_grad():
+        for start in range(0, 2048, 256):
+            module(x[:, start:start + 256], cache=cache)
+        step = lambda: (cache.rewind(2048), module(x[:, :1], cache=cache))  # noqa: E731
+        step()
+        peak = profile_call(step, torch.device("cpu"))["cpu_tensor_peak_bytes"]
+    assert cache.length == 2049 and peak is not None
+    assert peak < cache.nbytes / 4, f"a step allocated {peak:,} bytes, the cache holds {cache.nbytes:,}"
+
+
+@pytest.mark.parametrize("name,layer_idx", LAYERS, ids=LAYER_IDS)
 def test_a_rewound_cache_repeats_the_step(name, layer_idx):
     _, module = layer_pair(name, layer_idx)
     x = random_input(module)

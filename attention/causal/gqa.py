@@ -164,13 +164,19 @@ def uses_grouped_matmuls(decode_kernel, device, new_tokens):
                                          and new_tokens <= AUTO_MATMUL_MAX_TOKENS)
 
 
-def cached_attention(q, keys, values, mask, scale=None, decode_kernel="auto"):
-    """Attention of `q` `(B, H, T, D)` over what a cache's `update` returned (`keys`, `values` `(B, H_kv, S, D)`, `mask`
-    `(T, S)` or None), as `GroupedQueryAttention` picks it (`uses_grouped_matmuls`): the model families' layers
-    decode through it. `scale` defaults to `1 / sqrt(D)`. Returns `(B, H, T, D)`."""
-    if uses_grouped_matmuls(decode_kernel, q.device, q.shape[2]):
+def cached_attention(q, keys, values, mask, scale=None, decode_kernel="auto", *, over_cache=True):
+    """Attention of `q` `(B, H, T, D)` over `keys`, `values` `(B, H_kv, S, D)` with `mask` `(T, S)` (True = attend) or
+    None, as `GroupedQueryAttention` picks it: the model families' layers on SDPA attend through it. `scale` defaults
+    to `1 / sqrt(D)`. Returns `(B, H, T, D)`.
+
+    `over_cache`: `keys` and `values` are what a cache's `update` returned (`mask` None: every key), and
+    `decode_kernel` picks SDPA or the grouped matmuls (`uses_grouped_matmuls`); False: a call without a cache
+    (`S == T`, `mask` None: causal), always SDPA.
+    """
+    if over_cache and uses_grouped_matmuls(decode_kernel, q.device, q.shape[2]):
         return grouped_decode_attention(q, keys, values, mask, scale=scale)
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
+                                          is_causal=not over_cache and mask is None,
                                           enable_gqa=keys.shape[1] != q.shape[1])  # (B, H, T, D)
 
 
@@ -191,7 +197,7 @@ def grouped_decode_attention(q, k, v, mask=None, dropout_p=0.0, scale=None):
     kernel instead takes one query head at a time, reading each K/V head `group` times).
     """
     B, H, T, D = q.shape
-    H_kv, S = k.shape[1], k.shape[2]
+    H_kv = k.shape[1]
     group = H // H_kv
     scale = D**-0.5 if scale is None else scale
     q_grouped = q.reshape(B, H_kv, group * T, D) * scale  # (B, H_kv, group*T, D): a K/V head's queries together, scaled

@@ -23,7 +23,6 @@ The contract (construction from a config, transformers' parameter names, decodin
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from attention.causal.gqa import KVCache, SlidingWindowKVCache, cached_attention
@@ -87,12 +86,9 @@ class LlamaAttention(nn.Module):
             keys, values, mask = k, v, window_mask(T, self.sliding_window, x.device)  # mask (T, T), or None: causal
         else:
             keys, values, mask = cache.update(k, v)  # (B, H_kv, S, D) each; mask (T, S) or None
-        if cache is None:
-            context = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask, scale=self.scaling, is_causal=mask is None,
-                enable_gqa=self.num_key_value_heads != self.num_attention_heads)  # (B, H, T, D)
-        else:  # SDPA, or the grouped matmuls for a few new tokens on CPU (`decode_kernel`, as GroupedQueryAttention)
-            context = cached_attention(q, keys, values, mask, self.scaling, self.decode_kernel)  # (B, H, T, D)
+        # SDPA; over a cache, the grouped matmuls for a few new tokens on CPU (`decode_kernel`, as GroupedQueryAttention)
+        context = cached_attention(q, keys, values, mask, self.scaling, self.decode_kernel,
+                                   over_cache=cache is not None)  # (B, H, T, D)
         context = context.transpose(1, 2).reshape(B, T, -1)  # (B, T, H*D)
         return self.o_proj(context)  # (B, T, hidden_size)
 

@@ -21,7 +21,6 @@ of `attention/causal/gqa.py`; its helpers are marked copies of `llama.py`'s.
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from attention.causal.gqa import KVCache, SlidingWindowKVCache, cached_attention
@@ -99,12 +98,9 @@ class Llama4TextAttention(nn.Module):
                 in_chunk = chunk_mask(torch.arange(start, start + T, device=x.device), key_positions,
                                       self.attention_chunk_size)  # (T, S)
                 mask = in_chunk if mask is None else mask & in_chunk
-        if cache is None:
-            context = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask, scale=self.scaling, is_causal=mask is None,
-                enable_gqa=self.num_key_value_heads != self.num_attention_heads)  # (B, H, T, D)
-        else:  # SDPA, or the grouped matmuls for a few new tokens on CPU (`decode_kernel`, as GroupedQueryAttention)
-            context = cached_attention(q, keys, values, mask, self.scaling, self.decode_kernel)  # (B, H, T, D)
+        # SDPA; over a cache, the grouped matmuls for a few new tokens on CPU (`decode_kernel`, as GroupedQueryAttention)
+        context = cached_attention(q, keys, values, mask, self.scaling, self.decode_kernel,
+                                   over_cache=cache is not None)  # (B, H, T, D)
         context = context.transpose(1, 2).reshape(B, T, -1)  # (B, T, H*D)
         return self.o_proj(context)  # (B, T, hidden_size)
 

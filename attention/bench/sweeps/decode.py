@@ -138,12 +138,8 @@ def family(published, layer_idx, kernels, group=None):
     with torch.device("meta"):  # the layer's window or chunk (what its cache keeps): the published model's, not the sizes'
         layer = FAMILIES[base["model_type"]].from_config(sized(SimpleNamespace(num_heads=group, head_dim=8)), layer_idx)
         window = layer.sliding_window or getattr(layer, "attention_chunk_size", None)
-    def step_bytes(module, batch, positions):  # a written-out softmax broadcasts K/V heads: copies of the cache
-        element = module.q_proj.weight.element_size()
-        return 0 if hasattr(module, "decode_kernel") else 2 * batch * module.num_heads * positions * module.head_dim * element
-
     return Model(kernels, build, lambda module: [(module.num_kv_heads, module.head_dim)] * 2, family_reference,
-                 lambda context: min(context + 1, window or context + 1), check=sized, step_bytes=step_bytes)
+                 lambda context: min(context + 1, window or context + 1), check=sized)
 
 
 def family_reference(module, x0, cached, context):
