@@ -27,11 +27,11 @@ import torch
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
-from attention.causal.gqa import KVCache, SlidingWindowKVCache, uses_grouped_matmuls
+from attention.causal.gqa import KVCache, SlidingWindowKVCache, grouped_scores, uses_grouped_matmuls
 from attention.display import show, show_markdown, show_source, show_table
 from attention.models import MODELS
 from attention.models.flex import flex_forward
-from attention.models.gemma2 import Gemma2Attention, grouped_scores, softcapped_attention
+from attention.models.gemma2 import Gemma2Attention, softcapped_attention
 from attention.models.gemma3 import Gemma3Attention, Gemma3RMSNorm
 from attention.models.gpt_oss import GptOssAttention, attention_with_sinks
 from attention.models.llama import LlamaAttention
@@ -179,7 +179,8 @@ show_markdown("**Gemma 2's attention**")
 show_source(softcapped_attention)
 show_markdown("Its scores take each K/V head's query heads as one matrix, so the keys and values are read where the "
               "cache holds them (a matmul broadcasting them over the query heads would copy the cache once per query "
-              "head at every step); gpt-oss's attention, below, holds a marked copy:")
+              "head at every step), through `attention.causal.gqa.grouped_scores`, which the grouped-query layers' "
+              "decode kernel and gpt-oss's attention, below, share:")
 show_source(grouped_scores)
 
 # %% [markdown]

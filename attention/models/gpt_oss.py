@@ -14,8 +14,8 @@ https://huggingface.co/openai/gpt-oss-20b/blob/main/config.json differ from `att
   (`factor` 32, `truncate` false) and multiplies cos and sin by `0.1 ln(32) + 1`.
 * **Biases** on all four projections (`attention_bias`).
 
-The contract: `attention.models.ModelAttention`. This file imports only torch and the KV caches of
-`attention/causal/gqa.py`; its helpers are marked copies of `llama.py`'s and `gemma2.py`'s.
+The contract: `attention.models.ModelAttention`. This file imports only torch and, from
+`attention/causal/gqa.py`, the KV caches and `grouped_scores`; its helpers are marked copies of `llama.py`'s and `gemma2.py`'s.
 """
 
 import math
@@ -23,7 +23,7 @@ import math
 import torch
 from torch import nn
 
-from attention.causal.gqa import KVCache, SlidingWindowKVCache
+from attention.causal.gqa import KVCache, SlidingWindowKVCache, grouped_scores
 
 REQUIRED = object()  # `config_value`'s default: the field must be present
 
@@ -132,19 +132,6 @@ def attention_with_sinks(q, k, v, mask, scale, sinks):
     context = attn_weights.reshape(B, H_kv, group * T, S) @ v  # (B, H_kv, group*T, S) @ (B, H_kv, S, D) -> (B, H_kv, group*T, D)
     return context.reshape(B, H, T, D)
 
-
-# Same as attention/models/gemma2.py::grouped_scores
-def grouped_scores(q, k):
-    """`q kᵀ` per K/V head, `(B, H_kv, R, S)`, of `q` `(B, H_kv, R, D)` (a K/V head's query rows together) and `k`
-    `(B, H_kv, S, D)`: K/V heads read as they are, never copied per query head.
-
-    For a few rows (a decoding step: `group` query heads of one token) over a long cache, computed as `(k qᵀ)ᵀ`: the
-    cache as the left operand is read once, row by row, several times faster on CPU than `q kᵀ` at 2 rows; the
-    transpose is then made contiguous for the softmax along the keys (a copy of the small scores).
-    """
-    if q.shape[-2] <= 8:
-        return (k @ q.transpose(-1, -2)).transpose(-1, -2).contiguous()  # (B, H_kv, S, R) -> (B, H_kv, R, S)
-    return q @ k.transpose(-1, -2)  # (B, H_kv, R, D) @ (B, H_kv, D, S) -> (B, H_kv, R, S)
 
 
 # Same as attention/models/gemma2.py::alternating_layer_type

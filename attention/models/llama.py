@@ -16,8 +16,8 @@ what their configuration switches on:
   from `max_window_layers` on if `use_sliding_window` (off in every released Qwen2 and Qwen2.5).
 
 The contract (construction from a config, transformers' parameter names, decoding with a cache):
-`attention.models.ModelAttention`. This file imports only torch and the KV caches of
-`attention/causal/gqa.py`; the other model files repeat its small helpers as marked copies.
+`attention.models.ModelAttention`. This file imports only torch and, from
+`attention/causal/gqa.py`, the KV caches and `cached_attention`; the other model files repeat its small helpers as marked copies.
 """
 
 import math

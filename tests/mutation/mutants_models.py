@@ -144,11 +144,6 @@ MUTANTS = [
            "SDPA's is_causal over a cache: one new token (no mask) aligned top-left, it attends to position 0 only",
            "tests/test_models.py -k 'decode_kernel and sdpa and llama-'"),
     # The written-out layers (soft-cap, sinks): K/V heads read where they lie.
-    Mutant("gemma2_decode_scores_reshaped_not_transposed", MODELS + "gemma2.py",
-           "return (k @ q.transpose(-1, -2)).transpose(-1, -2).contiguous()",
-           "return (k @ q.transpose(-1, -2)).reshape(*q.shape[:-1], k.shape[-2])",
-           "the (S, rows) scores of a decoding step reshaped to (rows, S) instead of transposed",
-           "tests/test_models.py -k 'cached_decoding and gemma2'"),
     Mutant("gemma2_values_broadcast_over_query_heads", MODELS + "gemma2.py",
            "context = attn_weights.reshape(B, H_kv, group * T, S) @ v",
            "context = (attn_weights @ v.unsqueeze(2)).reshape(B, H_kv, group * T, -1)",
