@@ -204,7 +204,7 @@ def grouped_decode_attention(q, k, v, mask=None, dropout_p=0.0, scale=None):
     scores = grouped_scores(q_grouped, k)  # (B, H_kv, group*T, S), contiguous
     if mask is not None:
         allowed = mask.repeat(group, 1)  # (T, S) -> (group*T, S), matching the grouped query order
-        scores.masked_fill_(~allowed, float("-inf"))  # in place: a fresh copy that no gradient needs
+        scores.masked_fill_(~allowed, float("-inf"))  # in place: a fresh tensor that no gradient needs
     attn_weights = torch.softmax(scores, dim=-1)  # over the keys: (B, H_kv, group*T, S)
     if mask is not None:
         attn_weights = attn_weights.nan_to_num(0.0)  # a query with no key: softmax of all -inf is NaN, its weights 0

@@ -130,7 +130,6 @@ def softcapped_attention(q, k, v, mask, scale, softcap):
     return context.reshape(B, H, T, D)
 
 
-
 def alternating_layer_type(config, layer_idx):
     """transformers' kind of layer `layer_idx`: `config.layer_types[layer_idx]`, or, in a published config.json,
     which lists none, the alternation transformers' config class fills in: even layers local, odd global."""

@@ -133,7 +133,6 @@ def attention_with_sinks(q, k, v, mask, scale, sinks):
     return context.reshape(B, H, T, D)
 
 
-
 # Same as attention/models/gemma2.py::alternating_layer_type
 def alternating_layer_type(config, layer_idx):
     """transformers' kind of layer `layer_idx`: `config.layer_types[layer_idx]`, or, in a published config.json,
