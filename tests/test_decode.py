@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from attention.bench import core, metrics, profiles, render
 from attention.bench.__main__ import main
 from attention.bench.sweeps import decode
-from attention.causal.gqa import DECODE_KERNELS, GroupedQueryAttention, grouped_decode_attention
+from attention.causal.gqa import DECODE_KERNELS, GroupedQueryAttention, grouped_decode_attention, per_head_matmul
 from attention.reference import reference_kernel
 
 
@@ -45,6 +45,37 @@ def test_grouped_decode_attention_gives_zeros_for_a_query_with_no_key():
     out = grouped_decode_attention(q, k, v, mask)
     assert torch.isfinite(out).all() and (out[:, :, 1] == 0).all()
     torch.testing.assert_close(out.double(), reference_kernel(q, k, v, mask)[0], **tolerance("cpu", torch.float32))
+
+
+@pytest.mark.parametrize("num_kv_heads", [8, 2, 1], ids=["MHA", "GQA", "MQA"])
+def test_a_bfloat16_step_over_a_cache_slice_matches_the_reference_and_copies_nothing(num_kv_heads):
+    """bfloat16 on the CPU, over a cache filled to half its capacity (keys and values a slice whose heads lie
+    `capacity` rows apart, as a `KVCache` returns them): the step matches the float64 reference of the same bfloat16
+    values, and allocates less than the keys hold: a 2-D matmul per head takes each head's block as it lies (the
+    batched bfloat16 matmul copied the whole slice, 1.1 to 1.8 times the keys' bytes here, and ran several times
+    slower)."""
+    B, H, S, D, capacity = 2, 8, 2048, 64, 4097
+    buffers = torch.randn(2, B, num_kv_heads, capacity, D).to(torch.bfloat16)  # (2, B, H_kv, capacity, D): k, v
+    k, v = buffers[0, :, :, :S], buffers[1, :, :, :S]  # (B, H_kv, S, D) each, heads `capacity` rows apart
+    q = torch.randn(B, H, 1, D).to(torch.bfloat16)
+    out = grouped_decode_attention(q, k, v)
+    expected = reference_kernel(q.double(), k.double(), v.double())[0]  # (B, H, 1, D)
+    torch.testing.assert_close(out.double(), expected, **tolerance("cpu", torch.bfloat16))
+    peak = metrics.profile_call(lambda: grouped_decode_attention(q, k, v), torch.device("cpu"))["cpu_tensor_peak_bytes"]
+    assert peak is not None and peak < k.nbytes, f"a step allocated {peak:,} bytes, the keys hold {k.nbytes:,}"
+
+
+def test_per_head_matmul_in_bfloat16_is_the_batched_product_and_keeps_its_gradients():
+    a = torch.randn(2, 3, 5, 16, dtype=torch.float64).to(torch.bfloat16).requires_grad_(True)
+    b = torch.randn(2, 3, 40, 7, dtype=torch.float64).to(torch.bfloat16)[:, :, :16].requires_grad_(True)  # a slice
+    grad_out = torch.randn(2, 3, 5, 7).to(torch.bfloat16)
+    out = per_head_matmul(a, b)
+    out.backward(grad_out)
+    a64, b64 = (t.detach().double().requires_grad_(True) for t in (a, b))
+    expected = a64 @ b64
+    expected.backward(grad_out.double())
+    for got, want in ((out, expected), (a.grad, a64.grad), (b.grad, b64.grad)):
+        torch.testing.assert_close(got.double(), want, **tolerance("cpu", torch.bfloat16))
 
 
 @pytest.mark.parametrize("decode_kernel", ["sdpa", "matmul", "auto"])

@@ -12,7 +12,7 @@ import pytest
 import torch
 from bench_tables import TINY_DECODE, quick_yardsticks
 
-from attention.bench import core, profiles, render
+from attention.bench import core, profiles, render, results
 from attention.bench.sweeps import decode
 from attention.models.deepseek_v3 import latent_attention_flops, latent_config
 from attention.reference import model_reference_kwargs, reference_model_attention
@@ -32,6 +32,19 @@ def run_decode(**config):
 @pytest.fixture(scope="module")
 def result():
     return run_decode(models=NEW)
+
+
+def test_every_model_decodes_a_bfloat16_cache_correctly():
+    """Every model of the sweep, its keys and values a slice of a cache of twice the capacity, in bfloat16 (the
+    grouped matmuls one head at a time on the CPU): every row checked correct against the float64 reference of the
+    same bfloat16 weights and cache, and valid."""
+    with quick_yardsticks():
+        found = core.run(profiles.plan("decode", TINY_DECODE | dict(contexts=(64, 128), batches=(2,))), "cpu",
+                         "bfloat16", progress=False)
+    rows = found["decode"]["rows"]
+    assert {row["model"] for row in rows} == set(decode.MODELS)
+    assert [row for row in rows if row["status"] != "ok" or row["correct"] is not True] == []
+    assert results.validate(found) == []
 
 
 def test_every_new_model_gives_correct_valid_rows(result):

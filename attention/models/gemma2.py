@@ -13,7 +13,7 @@ Three differences from `attention/models/llama.py`, each from the Gemma 2 report
   keys (4,096), odd layers see everything (`layer_types`).
 
 The contract: `attention.models.ModelAttention`. This file imports only torch and, from
-`attention/causal/gqa.py`, the KV caches and `grouped_scores`; its helpers are marked copies of `llama.py`'s.
+`attention/causal/gqa.py`, the KV caches, `grouped_scores` and `per_head_matmul`; its helpers are marked copies of `llama.py`'s.
 """
 
 import math
@@ -21,7 +21,7 @@ import math
 import torch
 from torch import nn
 
-from attention.causal.gqa import KVCache, SlidingWindowKVCache, grouped_scores
+from attention.causal.gqa import KVCache, SlidingWindowKVCache, grouped_scores, per_head_matmul
 
 REQUIRED = object()  # `config_value`'s default: the field must be present
 
@@ -126,7 +126,7 @@ def softcapped_attention(q, k, v, mask, scale, softcap):
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     attn_weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
-    context = attn_weights.reshape(B, H_kv, group * T, S) @ v  # (B, H_kv, group*T, S) @ (B, H_kv, S, D) -> (B, H_kv, group*T, D)
+    context = per_head_matmul(attn_weights.reshape(B, H_kv, group * T, S), v)  # @ (B, H_kv, S, D) -> (B, H_kv, group*T, D)
     return context.reshape(B, H, T, D)
 
 

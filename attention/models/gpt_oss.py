@@ -15,7 +15,7 @@ https://huggingface.co/openai/gpt-oss-20b/blob/main/config.json differ from `att
 * **Biases** on all four projections (`attention_bias`).
 
 The contract: `attention.models.ModelAttention`. This file imports only torch and, from
-`attention/causal/gqa.py`, the KV caches and `grouped_scores`; its helpers are marked copies of `llama.py`'s and `gemma2.py`'s.
+`attention/causal/gqa.py`, the KV caches, `grouped_scores` and `per_head_matmul`; its helpers are marked copies of `llama.py`'s and `gemma2.py`'s.
 """
 
 import math
@@ -23,7 +23,7 @@ import math
 import torch
 from torch import nn
 
-from attention.causal.gqa import KVCache, SlidingWindowKVCache, grouped_scores
+from attention.causal.gqa import KVCache, SlidingWindowKVCache, grouped_scores, per_head_matmul
 
 REQUIRED = object()  # `config_value`'s default: the field must be present
 
@@ -129,7 +129,7 @@ def attention_with_sinks(q, k, v, mask, scale, sinks):
     sink = sinks.to(scores.dtype).view(1, H_kv, group, 1, 1).expand(B, H_kv, group, T, 1)  # (B, H_kv, group, T, 1)
     scores = torch.cat([scores, sink], dim=-1)  # (B, H_kv, group, T, S + 1): the sink, a column every query sees
     attn_weights = torch.softmax(scores, dim=-1)[..., :-1]  # the sink's share dropped: rows sum to less than 1
-    context = attn_weights.reshape(B, H_kv, group * T, S) @ v  # (B, H_kv, group*T, S) @ (B, H_kv, S, D) -> (B, H_kv, group*T, D)
+    context = per_head_matmul(attn_weights.reshape(B, H_kv, group * T, S), v)  # @ (B, H_kv, S, D) -> (B, H_kv, group*T, D)
     return context.reshape(B, H, T, D)
 
 

@@ -145,7 +145,7 @@ MUTANTS = [
            "tests/test_models.py -k 'decode_kernel and sdpa and llama-'"),
     # The written-out layers (soft-cap, sinks): K/V heads read where they lie.
     Mutant("gemma2_values_broadcast_over_query_heads", MODELS + "gemma2.py",
-           "context = attn_weights.reshape(B, H_kv, group * T, S) @ v",
+           "context = per_head_matmul(attn_weights.reshape(B, H_kv, group * T, S), v)",
            "context = (attn_weights @ v.unsqueeze(2)).reshape(B, H_kv, group * T, -1)",
            "the weighted values as a matmul broadcasting V over each K/V head's query heads: right numbers, but a copy of "
            "the value cache per query head at every step", "tests/test_models.py -k 'reads_the_cache and gemma2'"),
