@@ -47,6 +47,30 @@ def test_every_model_decodes_a_bfloat16_cache_correctly():
     assert results.validate(found) == []
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_memory_budget_counts_what_a_naive_mla_step_allocates(dtype):
+    """A row past the memory budget is skipped, not run: past the RAM the operating system kills the whole run. So
+    what the budget counts for a naive MLA step must cover what the step allocates (the profiler's peak); in
+    bfloat16 it counted half of it, and the decode profile was killed at its last row."""
+    from attention.bench.metrics import profile_call
+
+    module, hidden = decode.MLA.build(decode.Config(**TINY_DECODE), "naive")
+    module = module.to(dtype).eval().requires_grad_(False)
+    batch, context = 2, 2048
+    cache = module.new_cache(batch, context + 1)
+    cache.update(*(torch.randn(batch, heads, context, *dims).to(dtype) for heads, *dims in decode.MLA.entries(module)))
+    x = torch.randn(batch, 1, hidden).to(dtype)
+
+    def step():
+        cache.rewind(context)
+        with torch.no_grad():
+            return module(x, cache=cache)
+    step()
+    peak = profile_call(step, torch.device("cpu"))["cpu_tensor_peak_bytes"]
+    counted = decode.MLA.step_bytes(module, batch, context + 1)
+    assert peak is not None and peak <= counted, f"the step allocated {peak:,} bytes, the budget counts {counted:,}"
+
+
 def test_every_new_model_gives_correct_valid_rows(result):
     rows = result["decode"]["rows"]
     assert [(r["model"], r["kernel"]) for r in rows[::2]] == [

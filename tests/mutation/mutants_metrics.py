@@ -88,6 +88,11 @@ MUTANTS = [
            "window = layer.sliding_window",
            "a chunked layer (Llama 4) counted as reading every cached position, not its ring of one chunk",
            MODEL_DECODE_TESTS),
+    Mutant("decode_naive_mla_budget_at_the_element_size", DECODE,
+           "return max(5 * module.kv_b_proj.weight.element_size(), 24)",
+           "return 5 * module.kv_b_proj.weight.element_size()",
+           "the naive MLA step's memory counted at the cache's element size: in bfloat16 half of what it allocates, "
+           "and the operating system kills the run", "tests/test_decode_models.py -k memory_budget"),
     Mutant("prefill_flops_of_one_sequence", PREFILL,
            "return row[\"batch\"] * latent_attention_flops(", "return latent_attention_flops(",
            "a prefill row's FLOPs counted for one sequence whatever the batch", PREFILL_TESTS),

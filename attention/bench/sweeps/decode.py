@@ -167,12 +167,18 @@ def latent_reference(module, x0, cached, context):
     return out[0]  # (1, hidden_size)
 
 
+def naive_bytes_per_element(module):
+    """Bytes the naive MLA step allocates per head, position and element of a head beyond the cache (the memory
+    budget's count): its expanded keys and values and their copies, about 5 head sizes (20 bytes in float32, measured;
+    in bfloat16 SDPA's CPU kernel also works on float32 copies of them: 23), counted as 24 bytes at least."""
+    return max(5 * module.kv_b_proj.weight.element_size(), 24)
+
+
 MLA = Model(("absorbed", "naive"), latent_build, lambda module: [(1, module.kv_lora_rank), (1, module.qk_rope_head_dim)],
             latent_reference, flops=lambda row, element: row["batch"] * latent_attention_flops(
                 latent_config(row["num_heads"], row["head_dim"]), 1, row["positions_read"], row["kernel"]),
             check=lambda config: latent_config(config.num_heads, config.head_dim), step_bytes=lambda module, batch, positions: 0 if module.path == "absorbed" else (
-                # the naive step's expanded keys and values, and their copies: about 5 head sizes per head and position
-                batch * positions * module.num_heads * 5 * module.head_dim * module.kv_b_proj.weight.element_size()))
+                batch * positions * module.num_heads * module.head_dim * naive_bytes_per_element(module)))
 
 # name -> Model: the row's `model`. 32 query heads of 128 (the default config): Llama 2 7B's and Llama 3 8B's
 # attention; GQA's 8:1 is Llama 2 70B's and Llama 3 70B's. The model families' layers take those sizes too.
