@@ -325,9 +325,10 @@ show_markdown("For real models (Llama, Mistral, Qwen, Gemma) at their published 
 from attention.bench import render
 
 GROUPED = ["MHA", "GQA", "MQA"]  # the profile's other rows (model families' layers, MLA) are on their own pages
-decode_runs = render.find_results(render.RESULTS_DIR / "decode")
-decode_result = render.load_result(decode_runs[0])
-show_markdown(f"`docs/results/decode/{decode_runs[0].name}`: {decode_result['provenance']['device']['name']}, "
+decode_runs = {path: render.load_result(path) for path in render.find_results(render.RESULTS_DIR / "decode")}
+decode_path = next((path for path, run in decode_runs.items() if run["dtype"] == "float32"), next(iter(decode_runs)))
+decode_result = decode_runs[decode_path]  # the newest float32 run (a bfloat16 one: below)
+show_markdown(f"`docs/results/decode/{decode_path.name}`: {decode_result['provenance']['device']['name']}, "
               f"{decode_result['dtype']}, recorded {decode_result['provenance']['date_utc'][:10]}"
               + (" (the code has changed since)" if render.is_stale(decode_result) else "") + ".")
 share = render.shown_share(decode_result)  # against the run's peak bandwidth (older runs: the read beside each row)
@@ -378,6 +379,58 @@ if gains:
     lines.append(f"- Batch 8 against batch 1, tokens/s over all sequences: {', '.join(gains)}. The weights are read "
                  f"once for 8 tokens, but each sequence's cache is its own.")
 show_markdown("\n".join(lines))
+
+# %% [markdown]
+# ### A bfloat16 cache
+#
+# A bfloat16 cache holds half the bytes of a float32 one, and so do the weights: a step that only
+# waited on memory would take half the time. Whether it does depends on the device's bfloat16
+# matmuls, which on a CPU differ from one instruction set to the next (the device's identity names
+# them: AVX-512 BF16, AMX). One detail matters on the CPU: a cache's keys and values are a slice of
+# its buffer, each head's block `capacity` rows from the next, and PyTorch's batched bfloat16 matmul
+# does not take such a batch as it lies (it copies it and runs a slow kernel), so in bfloat16 the
+# grouped kernel runs one 2-D matmul per K/V head (`per_head_matmul`). The decode profile in bfloat16
+# (`--dtype bfloat16`) against the float32 run above, where both are recorded on the same device:
+
+# %% tags=["hide-input"]
+bf16_path = next((path for path, run in decode_runs.items() if run["dtype"] == "bfloat16"
+                  and render.device_label(run["provenance"]["device"]) == render.device_label(
+                      decode_result["provenance"]["device"])), None)
+if bf16_path is None:
+    show_markdown(f"**Not recorded yet** for {render.device_label(decode_result['provenance']['device'])}: "
+                  "`python -m attention.bench --profile decode --dtype bfloat16 --out "
+                  "docs/results/decode/<device>-bfloat16-decode.json` records it.")
+else:
+    bf16_result = decode_runs[bf16_path]
+    bf16_share = render.shown_share(bf16_result)
+    show_markdown(f"`docs/results/decode/{bf16_path.name}`: {render.run_line(bf16_result)}")
+    cells, speedups, slower_reads = [], {}, []
+    for batch in (1, 8):
+        for model in GROUPED:
+            f32, bf16 = best(model, batch, context), render.decode_best(bf16_result, model, batch, context)
+            if f32 and bf16:
+                speedups[model, batch] = bf16["tokens_per_s"] / f32["tokens_per_s"]
+                slower_reads += [f"{model} batch {batch}"] if bf16["gbps"] < f32["gbps"] else []
+                cells.append([batch, model, f"{f32['tokens_per_s']:,.1f} (`{f32['kernel']}`)",
+                              f"{bf16['tokens_per_s']:,.1f} (`{bf16['kernel']}`)", f"{speedups[model, batch]:.2f}x",
+                              f"{f32['bytes_read'] / bf16['bytes_read']:.2f}x", f"{bf16['gbps']:.1f}",
+                              f"{bf16[bf16_share]:.0%}"])
+    show_markdown(f"**One decode step at {context:,} cached positions, the fastest kernel of each run: tokens per "
+                  "second in float32 and in bfloat16, the bfloat16 step's speed-up, how many times fewer bytes it "
+                  f"reads, and its read rate and share of {render.share_words(bf16_result)} (its own run's)**\n\n"
+                  + render.table(["Batch", "Model", "float32 tok/s", "bfloat16 tok/s", "bf16 speed-up",
+                                  "fewer bytes", "bf16 GB/s", "bf16 share"], cells, "rlrrrrrr"))
+    if speedups:
+        best_pair, worst_pair = max(speedups, key=speedups.get), min(speedups, key=speedups.get)
+        show_markdown(f"Halving the bytes gave between {speedups[worst_pair]:.2f}x ({worst_pair[0]}, batch "
+                      f"{worst_pair[1]}) and {speedups[best_pair]:.2f}x ({best_pair[0]}, batch {best_pair[1]}) the "
+                      "float32 tokens per second. " + (
+                          f"The bfloat16 step read fewer GB/s than the float32 one in {len(slower_reads)} of "
+                          f"{len(speedups)} cases ({', '.join(slower_reads)}): there the memory, which delivered more "
+                          "to the float32 step, did not set its pace, the bfloat16 arithmetic did (unless the "
+                          "machine's bandwidth moved between the two runs: compare their ceilings). "
+                          if slower_reads else "The bfloat16 step read at least as many GB/s as the float32 one in "
+                          "every case. ") + render.bandwidth_note(bf16_result))
 
 # %% [markdown]
 # ## What limits a step on this build's CPU

@@ -7,7 +7,7 @@ Names only: each is defined once, in the module it is imported from here. Result
 from attention.bench.compare import (dtype_comparison, dtype_comparison_table, dtype_pairs, dtype_verdict,  # noqa: F401
                                      share_stability, share_stability_table)
 from attention.bench.format import (MODE_TITLES, collapsed, device_label, devices_line, mebibytes, number, percent,  # noqa: F401
-                                    provenance_summary, run_line)
+                                    provenance_summary, run_line, table)
 from attention.bench.profiles import profile_summary, quick_profile_summary  # noqa: F401
 from attention.bench.provenance import changed_sources, is_stale  # noqa: F401
 from attention.bench.results import (RESULTS_DIR, check_file, check_report, find_results, load_result,  # noqa: F401
