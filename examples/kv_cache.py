@@ -388,8 +388,9 @@ show_markdown("\n".join(lines))
 # matmuls, which on a CPU differ from one instruction set to the next (the device's identity names
 # them: AVX-512 BF16, AMX). One detail matters on the CPU: a cache's keys and values are a slice of
 # its buffer, each head's block `capacity` rows from the next, and PyTorch's batched bfloat16 matmul
-# does not take such a batch as it lies (it copies it and runs a slow kernel), so in bfloat16 the
-# grouped kernel runs one 2-D matmul per K/V head (`per_head_matmul`). The decode profile in bfloat16
+# did not take such a batch as it lies on the CPU it was measured on (an AMD EPYC with AVX-512 BF16:
+# it copied the slice and ran several times slower), so in bfloat16 the grouped kernel runs one 2-D
+# matmul per K/V head (`per_head_matmul`). The decode profile in bfloat16
 # (`--dtype bfloat16`) against the float32 run above, where both are recorded on the same device:
 
 # %% tags=["hide-input"]
