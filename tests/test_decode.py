@@ -175,6 +175,17 @@ def test_decode_tables_and_figures_show_every_measurement(decode_result):
     assert "Bandwidth ceiling of this run" in decode.tables(decode_result)
 
 
+def test_the_summary_shows_a_cache_of_less_than_a_kibibyte_per_token(decode_result):
+    """bfloat16 MQA caches 512 bytes per token and MLA 1,152: shown as 0.5 and 1.125 KiB, not rounded to 0 and 1."""
+    sized = copy.deepcopy(decode_result)
+    rows = sized["decode"]["rows"]
+    models = list(dict.fromkeys(row["model"] for row in rows))
+    for row in rows:
+        row["cache_bytes_per_token"] = {models[0]: 512, models[1]: 1152}.get(row["model"], row["cache_bytes_per_token"])
+    cells = [line.split("|")[4].strip() for line in render.decode_summary_table(sized).splitlines()[2:]]
+    assert cells[:2] == ["0.5 KiB", "1.125 KiB"]
+
+
 def test_the_bandwidth_ceiling_is_the_best_read_or_copy_past_the_last_level_cache(decode_result):
     """The peak is the best sample of the run (a read or a copy, at sizes past the cache); each row's share of it is
     recomputed by the validator, and a peak that is not the samples' best is refused. A run recorded before the peak

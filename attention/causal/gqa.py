@@ -226,7 +226,7 @@ def grouped_scores(q, k):
     small scores). In bfloat16 on the CPU, `q kᵀ` one head at a time (`per_head_matmul`). The model families'
     written-out attentions (soft-cap, sinks) use it too.
     """
-    if q.device.type == "cpu" and q.dtype == torch.bfloat16:
+    if bfloat16_on_cpu(q):
         return per_head_matmul(q, k.transpose(-1, -2))  # (B, H_kv, R, D) @ (B, H_kv, D, S) -> (B, H_kv, R, S)
     if q.shape[-2] <= 8:
         return (k @ q.transpose(-1, -2)).transpose(-1, -2).contiguous()  # (B, H_kv, S, R) -> (B, H_kv, R, S)
@@ -243,10 +243,16 @@ def per_head_matmul(a, b):
     K/V heads over a cache of 32k capacity: 88 ms batched, 21 ms one head at a time); a 2-D matmul per head takes
     each block as it lies. In float32 the batched matmul is the faster (and in float16 the two take as long).
     """
-    if a.device.type != "cpu" or a.dtype != torch.bfloat16:
+    if not bfloat16_on_cpu(a):
         return a @ b
     return torch.stack([torch.stack([a[batch, head] @ b[batch, head] for head in range(a.shape[1])])  # (M, K) @ (K, N)
                         for batch in range(a.shape[0])])  # (B, H_kv, M, N)
+
+
+def bfloat16_on_cpu(tensor):
+    """Whether `tensor` is bfloat16 on the CPU, where the batched matmul over a cache's slice copies it
+    (`per_head_matmul`)."""
+    return tensor.device.type == "cpu" and tensor.dtype == torch.bfloat16
 
 
 class KVCache:

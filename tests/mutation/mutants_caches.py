@@ -81,7 +81,7 @@ MUTANTS = [
            "bfloat16 on the CPU: every head's product taken with the first K/V head's keys and values",
            "tests/test_decode.py -k bfloat16"),
     Mutant("per_head_matmul_batched_over_the_slice", GQA,
-           'if a.device.type != "cpu" or a.dtype != torch.bfloat16:', "if True:",
+           '    if not bfloat16_on_cpu(a):\n        return a @ b', '    if True:\n        return a @ b',
            "bfloat16 on the CPU: one batched matmul over the cache's slice, which copies it (and runs several times "
            "slower)", "tests/test_decode.py -k bfloat16"),
     Mutant("row_split_linear_drops_the_bias", GQA,

@@ -479,7 +479,7 @@ def decode_summary_table(result, contexts=None, models=None):
         return "" if best is None else (f"{best['tokens_per_s']:,.0f} tok/s, {best[share]:.0%} "
                                         f"(`{best['kernel']}`)")
     return table(["Batch", "Model", "K/V heads", "Cache per token"] + [f"{c:,} context" for c in contexts],
-                 [[batch, model, first[model]["num_kv_heads"], f"{first[model]['cache_bytes_per_token'] / 1024:,.0f} KiB"]
+                 [[batch, model, first[model]["num_kv_heads"], f"{first[model]['cache_bytes_per_token'] / 1024:,g} KiB"]
                   + [cell(decode_best(result, model, batch, c)) for c in contexts] for batch in batches for model in models],
                  "rlrr" + "r" * len(contexts))
 
