@@ -165,10 +165,20 @@ def headline_rows(run, names=("gqa", "gqa_flex", "sdpa_mask", "flex")):
 
 
 def test_custom_mask_advice_follows_the_training_cost(amd_run):
-    rows = headline_rows(amd_run)
+    # Rows made up for the test: FlexAttention as fast as SDPA forward, 2.5x the time and 14x the memory to train.
+    rows = {"gqa": {"forward": (200.0, 80.0), "forward_backward": (700.0, 150.0)},
+            "gqa_flex": {"forward": (205.0, 80.0), "forward_backward": (1750.0, 2100.0)},
+            "sdpa_mask": {"forward": (300.0, 120.0), "forward_backward": (1000.0, 220.0)},
+            "flex": {"forward": (290.0, 140.0), "forward_backward": (1800.0, 2100.0)}}
     cpu = prose.custom_mask_sentence("cpu.json", True, rows, score_tensor_mib=384)
-    assert "2.2x the time and 14.1x the memory" in cpu and "(stale)" in cpu
-    assert "`gqa_flex` suits a custom mask or score for inference" in cpu
+    assert "it costs no more than `gqa`" in cpu and "(stale)" in cpu
+    assert "2.5x the time and 14.0x the memory (5.5 score tensors' worth)" in cpu
+    assert "`gqa_flex` suits a custom mask or score for inference; to train with a mask, pass it" in cpu
+    # The recorded run's sentence quotes its own rows.
+    recorded = headline_rows(amd_run)
+    sentence = prose.custom_mask_sentence("cpu.json", False, recorded, score_tensor_mib=384)
+    flex_ms, gqa_ms = recorded["gqa_flex"]["forward_backward"][0], recorded["gqa"]["forward_backward"][0]
+    assert f"takes {flex_ms:,.0f} ms" in sentence and f"`gqa`'s {gqa_ms:,.0f} ms" in sentence
     # A device whose FlexAttention trains as cheaply as SDPA (as on a GPU, with its fused backward).
     cheap = copy.deepcopy(rows)
     cheap["gqa_flex"]["forward_backward"] = rows["gqa"]["forward_backward"]
