@@ -123,6 +123,46 @@ def test_write_figures_references_files_beside_the_page(hook, tmp_path, monkeypa
         assert re.search(r'width="\d+" height="\d+"', tag), tag
 
 
+def markdown_table_html(text):
+    import markdown
+
+    return markdown.markdown(text, extensions=["tables"], extension_configs={"tables": {"use_align_attribute": True}})
+
+
+def test_right_aligned_columns_are_named_once_on_the_table(hook):
+    source = markdown_table_html("| # | name | ms | note | MiB |\n|--:|---|--:|:-:|--:|\n| 1 | `a` | 3.5 | x | 10 |\n"
+                                 "| 2 | `b` | 12 | y | 20 |\n")
+    assert source.count('align="right"') == 9  # three columns, a header and two rows each
+    light = hook.right_aligned_columns(source)
+    assert '<table data-right="1 3 5">' in light and 'align="right"' not in light
+    assert light.count('align="center"') == source.count('align="center"') == 3  # not ours to move
+    assert light.replace('<table data-right="1 3 5">', "<table>") == source.replace(' align="right"', "")
+    assert len(light) < len(source)
+
+
+def test_right_aligned_columns_leaves_what_it_cannot_say_once(hook):
+    no_right = markdown_table_html("| a | b |\n|---|:-:|\n| 1 | 2 |\n")
+    assert hook.right_aligned_columns(no_right) == no_right
+    classed = '<table class="dataframe"><tr><td align="right">1</td></tr></table>'  # not Python-Markdown's
+    assert hook.right_aligned_columns(classed) == classed
+    ragged = '<table><tr><td align="right">1</td><td align="right">2</td></tr><tr><td align="right">3</td></tr></table>'
+    assert hook.right_aligned_columns(ragged) == ragged
+    width = hook.RIGHT_ALIGNED_MAX_COLUMN + 1
+    wide = markdown_table_html("|" + "|".join(f" c{i} " for i in range(width)) + "|\n|" + "--:|" * width + "\n|"
+                               + "|".join(f" {i} " for i in range(width)) + "|\n")
+    light = hook.right_aligned_columns(wide)
+    assert f'data-right="{" ".join(str(n) for n in range(1, width))}"' in light
+    assert light.count('align="right"') == 2  # the last column's header and cell keep theirs
+
+
+def test_the_stylesheet_aligns_every_column_a_table_can_name(hook):
+    css = (ROOT / "docs" / "stylesheets" / "extra.css").read_text(encoding="utf-8")
+    for column in range(1, hook.RIGHT_ALIGNED_MAX_COLUMN + 1):
+        rule = (f'.md-typeset table:not([class])[data-right~="{column}"] :is(td, th):nth-child({column}) '
+                "{ text-align: right; }")
+        assert rule in css, rule
+
+
 def test_site_size_counts_the_page_that_states_it(hook, tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "index.html").write_bytes(b"x" * 5000)
@@ -166,6 +206,16 @@ def test_no_page_is_heavy(built_site):
     heavy = [f"{name}: {size:,} bytes" for name, size in sorted(sizes.items()) if size > MAX_PAGE_BYTES]
     print(f"\nlargest page: {max(sizes, key=sizes.get)}, {max(sizes.values()):,} bytes")
     assert not heavy, f"HTML pages over {MAX_PAGE_BYTES:,} bytes:\n" + "\n".join(heavy)
+
+
+@pytest.mark.slow
+def test_markdown_tables_name_their_right_aligned_columns_once(built_site):
+    """Every page's Markdown tables: no cell carries `align="right"` where its table could say it once."""
+    pages = {page.relative_to(built_site).as_posix(): page.read_text(encoding="utf-8") for page in site_pages(built_site)}
+    named = sum(text.count("<table data-right=") for text in pages.values())
+    left = [name for name, text in pages.items() if re.search(r'<table>(?:(?!</table>).)*align="right"', text, re.DOTALL)]
+    assert named > 20, named  # the Benchmarks page alone has dozens
+    assert not left, f"Markdown tables with right-aligned cells, not named on the table: {left}"
 
 
 @pytest.mark.slow

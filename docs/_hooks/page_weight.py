@@ -12,6 +12,8 @@ of it can be cached, and a page of text and a few plots weighs megabytes. This h
   figure downloads as the reader scrolls to it. File names carry a hash of their bytes: a browser may
   cache them for as long as it likes. The downloads (`.py`, `.ipynb` beside each page) are the
   sources, untouched: run, they display their figures inline as before.
+* `on_page_content` also says each Markdown table's right-aligned columns once, on the table
+  (`right_aligned_columns`), instead of an `align="right"` on each of their cells.
 * `on_env` (after every page's content is rendered, before any page is written) joins the blocks
   into one stylesheet, `assets/stylesheets/notebook.<hash>.css`, keeping only the rules a page of
   this build can use (`used_rules`): a rule is dropped only when each of its selectors needs a class
@@ -65,6 +67,46 @@ def on_pre_build(config):
         stylesheets={},  # tuple of <style> texts -> site URI of the stylesheet written for them
         images_used=set(),  # keys of encoded_images used by this build
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# Tables: a column's right alignment said once, on the table, instead of on each of its cells
+# ----------------------------------------------------------------------------------------------
+
+# Python-Markdown writes `align="right"` on every cell of a right-aligned column (mkdocs.yml's `tables`
+# option: an attribute, not a style). A benchmark table is mostly such cells: 5,199 of them, 73 KB, on the
+# Benchmarks page of 2026-11-27, which went past the 300 KB a page may weigh. docs/stylesheets/extra.css
+# aligns the columns a table names in `data-right`, up to this column: one rule per column.
+RIGHT_ALIGNED_MAX_COLUMN = 16
+RIGHT = ' align="right"'
+MARKDOWN_TABLE = re.compile(r"<table>(?P<body>.*?)</table>", re.DOTALL)  # Python-Markdown's: no attributes
+TABLE_ROW = re.compile(r"<tr>.*?</tr>", re.DOTALL)
+CELL_START = re.compile(r"<t[hd]\b[^>]*>")
+
+
+def right_aligned_columns(html_text):
+    """`html_text` with each Markdown table's right-aligned columns named once on the table, `<table
+    data-right="1 3">`, and `align="right"` taken off their cells. A column counts when each of its cells has
+    the attribute (Python-Markdown aligns whole columns); a table whose rows differ in length, or a column past
+    `RIGHT_ALIGNED_MAX_COLUMN`, keeps its attributes as they are."""
+
+    def table(match):
+        rows = [CELL_START.findall(row) for row in TABLE_ROW.findall(match["body"])]
+        if not rows or len({len(cells) for cells in rows}) != 1:
+            return match[0]
+        columns = [index + 1 for index in range(min(len(rows[0]), RIGHT_ALIGNED_MAX_COLUMN))
+                   if all(RIGHT in cells[index] for cells in rows)]
+        if not columns:
+            return match[0]
+
+        def row(row_match):
+            numbers = iter(range(1, len(rows[0]) + 1))
+            return CELL_START.sub(lambda cell: cell[0].replace(RIGHT, "") if next(numbers) in columns else cell[0],
+                                  row_match[0])
+
+        return f'<table data-right="{" ".join(map(str, columns))}">{TABLE_ROW.sub(row, match["body"])}</table>'
+
+    return MARKDOWN_TABLE.sub(table, html_text)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -262,6 +304,7 @@ def take_styles(content):
 
 @event_priority(-50)  # after the other hooks have edited the notebook HTML
 def on_page_content(html_text, page, config, files):
+    html_text = right_aligned_columns(html_text)
     if NOTEBOOK_MARK not in html_text:
         return html_text
     styles, html_text = take_styles(html_text)
