@@ -34,8 +34,9 @@
 import os
 import time
 
-from attention import prose
-from attention.bench import quick_config, render, run_benchmark
+from attention.report import prose
+from attention.bench import quick_config, run_benchmark
+from attention import report
 from attention.display import show, show_markdown
 
 # %% [markdown]
@@ -52,7 +53,7 @@ from attention.display import show, show_markdown
 # Run as a plain script, this cell measures afresh.
 build_result = os.environ.get("ATTENTION_BENCH_QUICK_RESULT")
 if build_result:
-    result = render.load_result(build_result)
+    result = report.load_result(build_result)
     if result["config"]["profile"] == "quick":
         print(f"the quick run measured for this site: {len(result['rows'])} rows in {result['provenance']['duration_s']:.0f} s")
     else:
@@ -62,9 +63,9 @@ else:
     started = time.perf_counter()
     result = run_benchmark(quick_config(device="cpu"), progress=False, argv=["python", "-m", "attention.bench", "--quick"])
     print(f"{len(result['rows'])} rows in {time.perf_counter() - started:.0f} s")
-show_markdown(f"Profile `{result['config']['profile']}`: {render.profile_summary(result['config'])}; modes "
+show_markdown(f"Profile `{result['config']['profile']}`: {report.profile_summary(result['config'])}; modes "
               f"{', '.join(result['config']['modes'])}.")
-show_markdown(render.provenance_summary(result))
+show_markdown(report.provenance_summary(result))
 
 # %% [markdown]
 # ## Results at the headline shape
@@ -77,10 +78,10 @@ show_markdown(render.provenance_summary(result))
 # ran. A note under a table flags rows measured while other processes took the CPU.
 
 # %% tags=["hide-input"]
-show_markdown(render.markdown_tables(result))
+show_markdown(report.markdown_tables(result))
 
 # %% tags=["hide-input"]
-show(render.plot_bars(result))
+show(report.plot_bars(result))
 
 # %% [markdown]
 # ## Against sequence length
@@ -91,15 +92,15 @@ show(render.plot_bars(result))
 # memory like T. How each class grew in this run is written under the charts.
 
 # %% tags=["hide-input"]
-show(render.plot_time_vs_seq_len(result, "forward"))
+show(report.plot_time_vs_seq_len(result, "forward"))
 
 # %% tags=["hide-input"]
-show(render.plot_memory_vs_seq_len(result, "forward"))
+show(report.plot_memory_vs_seq_len(result, "forward"))
 
 # %% tags=["hide-input"]
-show_markdown(render.sweep_table(result, "forward", "ms_median"))
+show_markdown(report.sweep_table(result, "forward", "ms_median"))
 lengths = sorted(result["config"]["seq_lens"])
-memory_at = {(row["label"], row["seq_len"]): row["peak_memory_bytes"] for row in render.sweep_rows(result, "forward")
+memory_at = {(row["label"], row["seq_len"]): row["peak_memory_bytes"] for row in report.sweep_rows(result, "forward")
              if row["status"] == "ok" and row["peak_memory_bytes"]}
 grown = {label: (memory_at[label, lengths[-2]], memory_at[label, lengths[-1]])
          for label in ("split_heads", "sdpa_causal", "flex", "tiled")
@@ -115,10 +116,10 @@ if len(lengths) > 1 and grown:
 # that predates the current sources is marked stale there.
 
 # %% tags=["hide-input"]
-for path in render.find_results():
-    recorded = render.load_result(path)
+for path in report.find_results():
+    recorded = report.load_result(path)
     print(f"{path.name}: {recorded['provenance']['device']['name']}, {recorded['dtype']}, "
-          f"{recorded['provenance']['date_utc']}, stale: {render.is_stale(recorded)}")
+          f"{recorded['provenance']['date_utc']}, stale: {report.is_stale(recorded)}")
 
 # %% [markdown]
 # ## Is the share stable?
@@ -133,25 +134,25 @@ for path in render.find_results():
 # percentage points.
 
 # %% tags=["hide-input"]
-first_path = render.RESULTS_DIR / "repeats" / "cpu-intel-xeon-2c-float32-run1.json"
-second_path = render.RESULTS_DIR / "repeats" / "cpu-intel-xeon-2c-float32-repeat.json"
-first, second = render.load_result(first_path), render.load_result(second_path)
+first_path = report.RESULTS_DIR / "repeats" / "cpu-intel-xeon-2c-float32-run1.json"
+second_path = report.RESULTS_DIR / "repeats" / "cpu-intel-xeon-2c-float32-repeat.json"
+first, second = report.load_result(first_path), report.load_result(second_path)
 same_sources = first["provenance"]["source_hash"] == second["provenance"]["source_hash"]
 print(f"Both runs measured the same sources: {same_sources} (commit {first['provenance']['git']['commit'][:7]}"
-      + (", older than the code of this page: the question is the machine's, not the code's)" if render.is_stale(first)
+      + (", older than the code of this page: the question is the machine's, not the code's)" if report.is_stale(first)
          else ")"))
 assert same_sources, "the stability pair must come from the same sources"
 for name, run in (("run 1", first), ("run 2", second)):
     paired, samples = run["matmul_peak"]["paired"], run["matmul_peak"]["samples"]
     print(f"{name}: {run['provenance']['date_utc']}, {run['provenance']['duration_s'] / 60:.0f} min; matmul rate "
-          f"beside the rows {render.number(paired['lowest_tflops'])} to {render.number(paired['highest_tflops'])} "
-          f"TFLOP/s, run-level samples {render.number(min(s['tflops'] for s in samples))} to "
-          f"{render.number(max(s['tflops'] for s in samples))}")
-stability = render.share_stability(first, second)
+          f"beside the rows {report.number(paired['lowest_tflops'])} to {report.number(paired['highest_tflops'])} "
+          f"TFLOP/s, run-level samples {report.number(min(s['tflops'] for s in samples))} to "
+          f"{report.number(max(s['tflops'] for s in samples))}")
+stability = report.share_stability(first, second)
 for entry in stability:
     fastest_row = entry["rows"][0]
     paired, run_level = fastest_row["paired"], fastest_row["run_level"]
-    show_markdown(f"{render.MODE_TITLES[entry['mode']].capitalize()}: the fastest class, `{entry['fastest']}`, "
+    show_markdown(f"{report.MODE_TITLES[entry['mode']].capitalize()}: the fastest class, `{entry['fastest']}`, "
                   f"takes {paired[0]:.0%} and {paired[1]:.0%} of the paired matmul rate in the two runs "
                   f"({abs(paired[0] - paired[1]) * 100:.1f} points apart), and {run_level[0]:.0%} and "
                   f"{run_level[1]:.0%} of the run-level rate ({abs(run_level[0] - run_level[1]) * 100:.1f} points "
@@ -162,13 +163,13 @@ run_level_rates = [run["matmul_peak"]["tflops"] for run in (first, second)]
 paired_range = [first["matmul_peak"]["paired"][key] for key in ("lowest_tflops", "highest_tflops")]
 rates_kind, _ = prose.ratio_words(run_level_rates[0], run_level_rates[1], within=0.05)
 show_markdown(f"The two runs' run-level matmul rates (`{first_path.name}` and `{second_path.name}`) were "
-              f"{render.number(run_level_rates[0])} and {render.number(run_level_rates[1])} TFLOP/s, "
+              f"{report.number(run_level_rates[0])} and {report.number(run_level_rates[1])} TFLOP/s, "
               f"{abs(run_level_rates[0] / run_level_rates[1] - 1):.0%} apart, so here both yardsticks give "
               + ("nearly the same shares" if rates_kind == "about the same" else "different shares")
               + ". The paired one is what keeps a share "
               f"put when the machine's speed does move: within run 1, the matmul timed beside the rows ran from "
-              f"{render.number(paired_range[0])} to {render.number(paired_range[1])} TFLOP/s.")
-show_markdown(render.share_stability_table(first, second))
+              f"{report.number(paired_range[0])} to {report.number(paired_range[1])} TFLOP/s.")
+show_markdown(report.share_stability_table(first, second))
 
 # %% [markdown]
 # Each row's time is measured once per run, so a class whose own time moved between runs (other
@@ -216,7 +217,7 @@ def onednn_primitives(call):
 
 
 SLOW_CALL_S = 1.0  # a piece whose first call takes longer is timed by that call alone
-recorded = render.load_result(render.RESULTS_DIR / "cpu-intel-xeon-2c-float32.json")["config"]
+recorded = report.load_result(report.RESULTS_DIR / "cpu-intel-xeon-2c-float32.json")["config"]
 B, T, C, H = recorded["batch"], recorded["seq_len"], recorded["d_model"], recorded["num_heads"]  # the headline shape
 B = 1  # batch 1 of it: a CPU without bfloat16 instructions takes minutes for the full batch's bfloat16 pieces
 MATMUL_SIZE = 1024  # the yardstick's kind of matmul, smaller for the same reason
@@ -251,8 +252,8 @@ for dtype in (torch.float32, torch.bfloat16):
 rows = []
 for piece, timings in pieces.items():
     (fp32_ms, fp32_once, _), (bf16_ms, bf16_once, kernels) = timings[torch.float32], timings[torch.bfloat16]
-    rows.append((piece, render.number(fp32_ms) + (" (one call)" if fp32_once else ""),
-                 render.number(bf16_ms) + (" (one call)" if bf16_once else ""), prose.times(fp32_ms / bf16_ms, "×"),
+    rows.append((piece, report.number(fp32_ms) + (" (one call)" if fp32_once else ""),
+                 report.number(bf16_ms) + (" (one call)" if bf16_once else ""), prose.times(fp32_ms / bf16_ms, "×"),
                  ", ".join(f"`{kernel}`" for kernel in kernels if kernel) or "none (not oneDNN)"))
 show_markdown(f"B = {B}, T = {T}, d_model {C}, {H} heads; bf16 speed = float32 ms / bfloat16 ms (above 1: "
               "bfloat16 is faster).\n\n| piece | float32 ms | bfloat16 ms | bf16 speed | oneDNN primitive in bfloat16 |\n"
@@ -295,9 +296,9 @@ show_markdown(prose.bf16_conclusion(speed[projection_piece], speed_of((mask_piec
 # classes count as writing the scores out.
 
 # %% tags=["hide-input"]
-fp32_path = render.RESULTS_DIR / "cpu-intel-xeon-2c-float32.json"
-bf16_path = render.RESULTS_DIR / "cpu-intel-xeon-2c-bfloat16.json"
-fp32_run, bf16_run = render.load_result(fp32_path), render.load_result(bf16_path)
+fp32_path = report.RESULTS_DIR / "cpu-intel-xeon-2c-float32.json"
+bf16_path = report.RESULTS_DIR / "cpu-intel-xeon-2c-bfloat16.json"
+fp32_run, bf16_run = report.load_result(fp32_path), report.load_result(bf16_path)
 
 
 def kernel_kind(row, mode):
@@ -311,20 +312,20 @@ def kernel_kind(row, mode):
     return "written out"
 
 
-run_labels = [prose.file_label(path.name, render.is_stale(run)) for path, run in ((fp32_path, fp32_run), (bf16_path, bf16_run))]
-matmul_rates = render.dtype_comparison(fp32_run, bf16_run)["matmul"]
+run_labels = [prose.file_label(path.name, report.is_stale(run)) for path, run in ((fp32_path, fp32_run), (bf16_path, bf16_run))]
+matmul_rates = report.dtype_comparison(fp32_run, bf16_run)["matmul"]
 show_markdown(prose.bf16_matmul_sentence(
     f"The CPU of {' and '.join(run_labels)}", fp32_run["provenance"]["device"]["name"],
     fp32_run["provenance"]["device"].get("cpu_flags"), *matmul_rates))
-comparison = render.dtype_comparison(fp32_run, bf16_run)["rows"]
+comparison = report.dtype_comparison(fp32_run, bf16_run)["rows"]
 for mode in ("forward", "forward_backward"):
-    kinds = {row["label"]: kernel_kind(row, mode) for row in render.shape_rows(fp32_run, mode)}
+    kinds = {row["label"]: kernel_kind(row, mode) for row in report.shape_rows(fp32_run, mode)}
     groups = {}
     for row in comparison:
         groups.setdefault(kinds[row["label"]], []).append(row[mode][2])
     show_markdown(prose.bf16_classes_sentence(run_labels,
-                                              f"{render.MODE_TITLES[mode]}, B = {B}, T = {T}", groups))
-flex_peak = max(row["peak_memory_bytes"] for row in render.shape_rows(fp32_run, "forward_backward")
+                                              f"{report.MODE_TITLES[mode]}, B = {B}, T = {T}", groups))
+flex_peak = max(row["peak_memory_bytes"] for row in report.shape_rows(fp32_run, "forward_backward")
                 if row["implementation"] == "flex")
 score_bytes = B * H * T * T * 4
 assert flex_peak > 2 * score_bytes, "the text above says FlexAttention's CPU backward holds several score tensors"

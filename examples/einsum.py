@@ -250,17 +250,17 @@ print(f"max |ours with the folded bias - labml-like| = {difference:.1e}")
 # [Benchmarks](../../benchmarks/) page shows it whole):
 
 # %% tags=["hide-input"]
-from attention.bench import render
+from attention import report
 
-result = render.load_result(render.RESULTS_DIR / "cpu-intel-xeon-2c-float32.json")
-sweep = {(r["implementation"], r["mode"], r["seq_len"]): r["ms_median"] for r in render.sweep_rows(result, "forward")
+result = report.load_result(report.RESULTS_DIR / "cpu-intel-xeon-2c-float32.json")
+sweep = {(r["implementation"], r["mode"], r["seq_len"]): r["ms_median"] for r in report.sweep_rows(result, "forward")
          if not r["compiled"] and r["status"] == "ok"}
 lengths = [t for t in result["config"]["seq_lens"] if all((name, "forward", t) in sweep for name in ("split_heads", "einsum", "seq_first"))]
 ratios = {name: [sweep[(name, "forward", t)] / sweep[("split_heads", "forward", t)] for t in lengths] for name in ("einsum", "seq_first")}
 show_markdown(
     f"Forward pass, batch {result['config']['sweep_batch']}, T = {', '.join(map(str, lengths))} "
     f"(`docs/results/cpu-intel-xeon-2c-float32.json`: {result['provenance']['device']['name']}, {result['dtype']}"
-    + (", recorded with older sources than these" if render.is_stale(result) else "") + "): `einsum` takes "
+    + (", recorded with older sources than these" if report.is_stale(result) else "") + "): `einsum` takes "
     f"{min(ratios['einsum']):.2f} to {max(ratios['einsum']):.2f} times the median time of `split_heads`, "
     f"`seq_first` {min(ratios['seq_first']):.2f} to {max(ratios['seq_first']):.2f} times; at T = {lengths[-1]}: "
     f"{ratios['einsum'][-1]:.2f} and {ratios['seq_first'][-1]:.2f}.")

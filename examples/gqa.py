@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 
 import attention
-from attention import prose
+from attention.report import prose
 from attention.bench.metrics import profile_call
 from attention.causal.gqa import GroupedQueryAttention, KVCache, MultiQueryAttention
 from attention.causal.gqa_flex import GroupedQueryFlexAttention
@@ -232,10 +232,10 @@ show_markdown(f"At 32k tokens a Llama 2 7B sequence needs {llama2 / 2**30:.0f} G
 # widths, 12 query heads of 64; `gqa` with its default K/V heads, groups of 4 query heads):
 
 # %% tags=["hide-input"]
-from attention.bench import render
+from attention import report
 
 NAMES = ("split_heads", "sdpa_causal", "gqa", "mqa", "flex", "gqa_flex")
-loaded = [(path, render.load_result(path)) for path in render.RESULTS_DIR.glob("*.json")]
+loaded = [(path, report.load_result(path)) for path in report.RESULTS_DIR.glob("*.json")]
 recorded_runs = sorted(((path, result) for path, result in loaded if result["config"]["profile"] == "default"
                         and any(row["implementation"] == "gqa" for row in result["rows"])),
                        key=lambda item: item[1]["provenance"]["date_utc"], reverse=True)
@@ -260,7 +260,7 @@ else:
                      f"{both['share_of_paired_matmul']:.0%}", f"{both['peak_memory_bytes'] / 2**20:,.0f}"))
     show_markdown(f"`docs/results/{prefill_path.name}`: {prefill_run['provenance']['device']['name']}, "
                   f"{prefill_run['dtype']}, recorded {prefill_run['provenance']['date_utc'][:10]}"
-                  + (" (predates the current code)" if render.is_stale(prefill_run) else "") + ".")
+                  + (" (predates the current code)" if report.is_stale(prefill_run) else "") + ".")
     show_table(f"B = {config['batch']}, T = {config['seq_len']}, d_model {config['d_model']}, "
                f"{config['num_heads']} query heads; % of the matmul rate timed beside each row",
                ["class", "K/V heads", "forward GFLOP", "forward ms", "% of matmul", "fwd + bwd ms", "% of matmul",
@@ -290,7 +290,7 @@ if recorded_runs:
 
     score_tensor_mib = config["batch"] * config["num_heads"] * config["seq_len"] ** 2 * 4 / 2**20
     show_markdown(prose.custom_mask_sentence(
-        f"docs/results/{prefill_path.name}", render.is_stale(prefill_run),
+        f"docs/results/{prefill_path.name}", report.is_stale(prefill_run),
         {name: {mode: measured(name, mode) for mode in ("forward", "forward_backward")}
          for name in ("gqa", "gqa_flex", "sdpa_mask", "flex")},
         score_tensor_mib))

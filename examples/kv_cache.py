@@ -322,34 +322,34 @@ show_markdown("For real models (Llama, Mistral, Qwen, Gemma) at their published 
 # those rows.) The recorded run:
 
 # %% tags=["hide-input"]
-from attention.bench import render
+from attention import report
 
 GROUPED = ["MHA", "GQA", "MQA"]  # the profile's other rows (model families' layers, MLA) are on their own pages
-decode_runs = {path: render.load_result(path) for path in render.find_results(render.RESULTS_DIR / "decode")}
+decode_runs = {path: report.load_result(path) for path in report.find_results(report.RESULTS_DIR / "decode")}
 decode_path = next((path for path, run in decode_runs.items() if run["dtype"] == "float32"), next(iter(decode_runs)))
 decode_result = decode_runs[decode_path]  # the newest float32 run (a bfloat16 one: below)
 show_markdown(f"`docs/results/decode/{decode_path.name}`: {decode_result['provenance']['device']['name']}, "
               f"{decode_result['dtype']}, recorded {decode_result['provenance']['date_utc'][:10]}"
-              + (" (the code has changed since)" if render.is_stale(decode_result) else "") + ".")
-share = render.shown_share(decode_result)  # against the run's peak bandwidth (older runs: the read beside each row)
+              + (" (the code has changed since)" if report.is_stale(decode_result) else "") + ".")
+share = report.shown_share(decode_result)  # against the run's peak bandwidth (older runs: the read beside each row)
 show_markdown("**One decode step of one attention layer, per batch size, model and cache length: the fastest "
-              f"kernel's tokens per second, its share of {render.share_words(decode_result)}, and which kernel "
+              f"kernel's tokens per second, its share of {report.share_words(decode_result)}, and which kernel "
               "that was (`matmul`: the grouped matmuls; `sdpa`: SDPA)**\n\n"
-              + render.decode_summary_table(decode_result, contexts=[1024, 8192, 16384, 32768], models=GROUPED))
-show(render.plot_decode(decode_result, "tokens_per_s", models=GROUPED))
-show(render.plot_decode(decode_result, share, models=GROUPED))
-show_markdown(render.bandwidth_note(decode_result))
+              + report.decode_summary_table(decode_result, contexts=[1024, 8192, 16384, 32768], models=GROUPED))
+show(report.plot_decode(decode_result, "tokens_per_s", models=GROUPED))
+show(report.plot_decode(decode_result, share, models=GROUPED))
+show_markdown(report.bandwidth_note(decode_result))
 
 # %% [markdown]
 # What the run says, read from its rows:
 
 # %% tags=["hide-input"]
 def best(model, batch, context):
-    return render.decode_best(decode_result, model, batch, context)
+    return report.decode_best(decode_result, model, batch, context)
 
 
 def row_of(model, kernel, batch, context):
-    rows = render.decode_rows(decode_result, batch=batch, model=model, kernel=kernel, context=context)
+    rows = report.decode_rows(decode_result, batch=batch, model=model, kernel=kernel, context=context)
     return rows[0] if rows else None
 
 
@@ -358,7 +358,7 @@ context = 16384
 fastest = max((best(model, 1, context) for model in ("MHA", "GQA", "MQA")), key=lambda row: row["tokens_per_s"])
 lines.append(f"- At a {context:,}-position context and batch 1, the fastest step is {fastest['model']}'s with the "
              f"`{fastest['kernel']}` kernel: {fastest['tokens_per_s']:,.0f} tokens/s, reading "
-             f"{fastest['gbps']:.1f} GB/s, {fastest[share]:.0%} of {render.share_words(decode_result)}"
+             f"{fastest['gbps']:.1f} GB/s, {fastest[share]:.0%} of {report.share_words(decode_result)}"
              + (f" ({fastest['share_of_paired_bandwidth']:.0%} of the read timed beside it)."
                 if share == "share_of_peak_bandwidth" else "."))
 mha, gqa, mqa = (best(model, 1, context) for model in ("MHA", "GQA", "MQA"))
@@ -395,20 +395,20 @@ show_markdown("\n".join(lines))
 
 # %% tags=["hide-input"]
 bf16_path = next((path for path, run in decode_runs.items() if run["dtype"] == "bfloat16"
-                  and render.device_label(run["provenance"]["device"]) == render.device_label(
+                  and report.device_label(run["provenance"]["device"]) == report.device_label(
                       decode_result["provenance"]["device"])), None)
 if bf16_path is None:
-    show_markdown(f"**Not recorded yet** for {render.device_label(decode_result['provenance']['device'])}: "
+    show_markdown(f"**Not recorded yet** for {report.device_label(decode_result['provenance']['device'])}: "
                   "`python -m attention.bench --profile decode --dtype bfloat16 --out "
                   "docs/results/decode/<device>-bfloat16-decode.json` records it.")
 else:
     bf16_result = decode_runs[bf16_path]
-    bf16_share = render.shown_share(bf16_result)
-    show_markdown(f"`docs/results/decode/{bf16_path.name}`: {render.run_line(bf16_result)}")
+    bf16_share = report.shown_share(bf16_result)
+    show_markdown(f"`docs/results/decode/{bf16_path.name}`: {report.run_line(bf16_result)}")
     cells, speedups, slower_reads = [], {}, []
     for batch in (1, 8):
         for model in GROUPED:
-            f32, bf16 = best(model, batch, context), render.decode_best(bf16_result, model, batch, context)
+            f32, bf16 = best(model, batch, context), report.decode_best(bf16_result, model, batch, context)
             if f32 and bf16:
                 speedups[model, batch] = bf16["tokens_per_s"] / f32["tokens_per_s"]
                 slower_reads += [f"{model} batch {batch}"] if bf16["gbps"] < f32["gbps"] else []
@@ -418,8 +418,8 @@ else:
                               f"{bf16[bf16_share]:.0%}"])
     show_markdown(f"**One decode step at {context:,} cached positions, the fastest kernel of each run: tokens per "
                   "second in float32 and in bfloat16, the bfloat16 step's speed-up, how many times fewer bytes it "
-                  f"reads, and its read rate and share of {render.share_words(bf16_result)} (its own run's)**\n\n"
-                  + render.table(["Batch", "Model", "float32 tok/s", "bfloat16 tok/s", "bf16 speed-up",
+                  f"reads, and its read rate and share of {report.share_words(bf16_result)} (its own run's)**\n\n"
+                  + report.table(["Batch", "Model", "float32 tok/s", "bfloat16 tok/s", "bf16 speed-up",
                                   "fewer bytes", "bf16 GB/s", "bf16 share"], cells, "rlrrrrrr"))
     if speedups:
         best_pair, worst_pair = max(speedups, key=speedups.get), min(speedups, key=speedups.get)
@@ -431,7 +431,7 @@ else:
                           "to the float32 step, did not set its pace, the bfloat16 arithmetic did (unless the "
                           "machine's bandwidth moved between the two runs: compare their ceilings). "
                           if slower_reads else "The bfloat16 step read at least as many GB/s as the float32 one in "
-                          "every case. ") + render.bandwidth_note(bf16_result))
+                          "every case. ") + report.bandwidth_note(bf16_result))
 
 # %% [markdown]
 # ## What limits a step on this build's CPU
@@ -452,7 +452,7 @@ import itertools
 
 import torch.nn.functional as F
 
-from attention import prose
+from attention.report import prose
 from attention.bench import metrics
 from attention.causal.gqa import grouped_decode_attention, row_split_linear
 

@@ -310,24 +310,24 @@ show_markdown(
 # sequence before it is timed. The tables and figure are read from the recorded run.
 
 # %% tags=["hide-input"]
-from attention.bench import render
+from attention import report
 
-long_path = render.find_results(render.RESULTS_DIR / "long", device_type="cpu")[0]
-long_run = render.load_result(long_path)
+long_path = report.find_results(report.RESULTS_DIR / "long", device_type="cpu")[0]
+long_run = report.load_result(long_path)
 section = long_run["block_sparse"]
 show_markdown(f"Recorded run `docs/results/long/{long_path.name}`: {long_run['provenance']['device']['name']}, "
               f"{long_run['dtype']}, recorded {long_run['provenance']['date_utc'][:10]}"
-              + (" with older sources than these (the page still shows it)" if render.is_stale(long_run) else "")
+              + (" with older sources than these (the page still shows it)" if report.is_stale(long_run) else "")
               + f"; forward, batch {section['batch']}, {section['num_heads']} heads of {section['head_dim']}, "
               f"`T` = {', '.join(str(t) for t in section['seq_lens'])}. The patterns:\n\n"
               + "\n".join(f"- `{name}`: {description}" for name, description in section["patterns"].items()))
-show_markdown(render.crossover_table(long_run))
-show(render.plot_block_sparse(long_run),
+show_markdown(report.crossover_table(long_run))
+show(report.plot_block_sparse(long_run),
      alt="Four panels, one per mask pattern: median time against sequence length for FlexAttention with a "
          "BlockMask and SDPA with a dense mask, log-log, with the crossover marked")
 
 # %% tags=["hide-input"]
-found = render.crossovers(long_run)
+found = report.crossovers(long_run)
 sentences = []
 for pattern, entry in found.items():
     where = (f"overtakes the dense mask from `T = {entry['crossover']}`" if entry["crossover"]

@@ -429,10 +429,10 @@ show_markdown(
 # says "skipped". The runs recorded in `docs/results/decode/`:
 
 # %% tags=["hide-input"]
-from attention.bench import render
+from attention import report
 
-decode_runs = [(path, render.load_result(path)) for path in render.find_results(render.RESULTS_DIR / "decode")]
-mla_runs = [(path, result) for path, result in decode_runs if render.decode_rows(result, model="MLA")]
+decode_runs = [(path, report.load_result(path)) for path in report.find_results(report.RESULTS_DIR / "decode")]
+mla_runs = [(path, result) for path, result in decode_runs if report.decode_rows(result, model="MLA")]
 if not mla_runs:
     held = "; ".join(f"`{path.name}` holds rows of {', '.join(sorted({r['model'] for r in result['decode']['rows']}))}"
                      for path, result in decode_runs) or "no decode results file is recorded"
@@ -441,16 +441,16 @@ if not mla_runs:
                   "`python -m attention.bench --profile decode --out docs/results/decode/<device>-decode.json`.")
 for path, result in mla_runs:
     section = result["decode"]
-    show_markdown(f"`docs/results/decode/{path.name}`: {render.run_line(result)} One attention layer, "
+    show_markdown(f"`docs/results/decode/{path.name}`: {report.run_line(result)} One attention layer, "
                   f"{section['num_heads']} query heads of {section['head_dim']}; each cell: tokens per second and the "
-                  f"share of {render.share_words(result)}.")
+                  f"share of {report.share_words(result)}.")
     for batch in sorted({row["batch"] for row in section["rows"]}):
-        show_markdown(f"**Batch {batch}**\n\n" + render.decode_table(result, batch, models=["MHA", "GQA", "MQA", "MLA"]))
-    show(render.plot_decode(result, "tokens_per_s", models=["GQA", "MQA", "MLA"]))
+        show_markdown(f"**Batch {batch}**\n\n" + report.decode_table(result, batch, models=["MHA", "GQA", "MQA", "MLA"]))
+    show(report.plot_decode(result, "tokens_per_s", models=["GQA", "MQA", "MLA"]))
     lines = []
     for batch in (1, 8):
-        absorbed = render.decode_rows(result, batch=batch, model="MLA", kernel="absorbed", context=16384)
-        gqa = render.decode_best(result, "GQA", batch, 16384)
+        absorbed = report.decode_rows(result, batch=batch, model="MLA", kernel="absorbed", context=16384)
+        gqa = report.decode_best(result, "GQA", batch, 16384)
         if absorbed and gqa:
             heads = f"{gqa['num_kv_heads']} K/V head" + ("s" if gqa["num_kv_heads"] > 1 else "")
             lines.append(f"- Batch {batch}, 16,384 positions: the absorbed path runs {absorbed[0]['tokens_per_s']:,.0f} "
@@ -458,8 +458,8 @@ for path, result in mla_runs:
                          f"({heads}) {gqa['tokens_per_s']:,.0f} tokens/s with `{gqa['kernel']}`, "
                          f"reading {gqa['cache_bytes_per_token']:,}: the absorbed path at "
                          f"{absorbed[0]['tokens_per_s'] / gqa['tokens_per_s']:.2f}x GQA's rate.")
-    pairs = [(absorbed, naive) for absorbed in render.decode_rows(result, model="MLA", kernel="absorbed")
-             for naive in render.decode_rows(result, batch=absorbed["batch"], model="MLA", kernel="naive",
+    pairs = [(absorbed, naive) for absorbed in report.decode_rows(result, model="MLA", kernel="absorbed")
+             for naive in report.decode_rows(result, batch=absorbed["batch"], model="MLA", kernel="naive",
                                              context=absorbed["context"])]
     faster = [f"batch {a['batch']} at {a['context']:,}" for a, n in pairs if n["tokens_per_s"] > a["tokens_per_s"]]
     if pairs:
@@ -491,22 +491,22 @@ from attention.bench.sweeps import prefill
 assert all(latent_attention_flops(v3_config, 2**p, 2**p, "naive") < latent_attention_flops(v3_config, 2**p, 2**p, "absorbed")
            for p in range(18))
 
-prefill_runs = [(path, render.load_result(path)) for path in render.find_results(render.RESULTS_DIR / "prefill")]
+prefill_runs = [(path, report.load_result(path)) for path in report.find_results(report.RESULTS_DIR / "prefill")]
 if not prefill_runs:
     show_markdown("**Not recorded yet.** No prefill run is recorded in `docs/results/prefill/`, so this page quotes "
                   "no prefill timing: speed is measured, not asserted. The prefill profile records one: "
                   "`python -m attention.bench --profile prefill --out docs/results/prefill/<device>-prefill.json`.")
 for path, result in prefill_runs:
     section = result["prefill"]
-    show_markdown(f"`docs/results/prefill/{path.name}`: {render.run_line(result)} One layer, batch {section['batch']}, "
+    show_markdown(f"`docs/results/prefill/{path.name}`: {report.run_line(result)} One layer, batch {section['batch']}, "
                   f"{section['num_heads']} query heads of {section['head_dim']}; each cell: median time, TFLOP/s and the "
                   "share of the matmul timed beside the row.\n\n" + prefill.prefill_table(result))
     show(prefill.plot_prefill(result))
     found, both = prefill.naive_faster_from(result)
-    here = render.device_label(result["provenance"]["device"])  # decode runs of the same kind of device only
-    decode_pairs = [(a, n) for _, decoded in mla_runs if render.device_label(decoded["provenance"]["device"]) == here
-                    for a in render.decode_rows(decoded, model="MLA", kernel="absorbed")
-                    for n in render.decode_rows(decoded, batch=a["batch"], model="MLA", kernel="naive", context=a["context"])]
+    here = report.device_label(result["provenance"]["device"])  # decode runs of the same kind of device only
+    decode_pairs = [(a, n) for _, decoded in mla_runs if report.device_label(decoded["provenance"]["device"]) == here
+                    for a in report.decode_rows(decoded, model="MLA", kernel="absorbed")
+                    for n in report.decode_rows(decoded, batch=a["batch"], model="MLA", kernel="naive", context=a["context"])]
     decode_absorbed_wins = bool(decode_pairs) and all(a["tokens_per_s"] > n["tokens_per_s"] for a, n in decode_pairs)
     show_markdown(prefill.summary(result) + (
         f" So on {here}: **absorbed for decoding** (every decode step recorded on it above), **naive for a prefill** "

@@ -602,13 +602,13 @@ show_markdown(
 # cache holds. The runs recorded in `docs/results/decode/`:
 
 # %% tags=["hide-input"]
-from attention.bench import render
+from attention import report
 
 LAYER_ROWS = ["Llama-3", "Gemma-3-local", "Gemma-2-local", "Gemma-2-global", "gpt-oss-local", "gpt-oss-global",
               "Llama-4-chunked", "Llama-4-NoPE"]  # the decode sweep's names
-decode_runs = [(path, render.load_result(path)) for path in render.find_results(render.RESULTS_DIR / "decode")]
+decode_runs = [(path, report.load_result(path)) for path in report.find_results(report.RESULTS_DIR / "decode")]
 layer_runs = [(path, result) for path, result in decode_runs
-              if any(render.decode_rows(result, model=model) for model in LAYER_ROWS)]
+              if any(report.decode_rows(result, model=model) for model in LAYER_ROWS)]
 if not layer_runs:
     held = "; ".join(f"`{path.name}` holds rows of {', '.join(sorted({r['model'] for r in result['decode']['rows']}))}"
                      for path, result in decode_runs) or "no decode results file is recorded"
@@ -616,7 +616,7 @@ if not layer_runs:
                   "shows no timing for them: speed is measured, not asserted. The decode profile records them: "
                   "`python -m attention.bench --profile decode --out docs/results/decode/<device>-decode.json`.")
 for path, result in layer_runs:
-    show_markdown(f"`docs/results/decode/{path.name}`: {render.run_line(result)} One attention layer of "
+    show_markdown(f"`docs/results/decode/{path.name}`: {report.run_line(result)} One attention layer of "
                   f"{result['decode']['num_heads']} query heads of {result['decode']['head_dim']} (windows: Gemma 3 "
                   f"{PUBLISHED['Gemma 3 27B']['config']['sliding_window']:,} positions, Gemma 2 "
                   f"{PUBLISHED['Gemma 2 27B']['config']['sliding_window']:,}, gpt-oss "
@@ -625,20 +625,20 @@ for path, result in layer_runs:
                   "kernel per layer (the layers on SDPA run two: `sdpa`, and `matmul`, the grouped matmuls of "
                   "`attention.causal.gqa.cached_attention`; Gemma 2's and gpt-oss's run their written-out softmax, "
                   "`matmul`, which the soft-cap and the sinks need); each cell: tokens per second and the share of "
-                  f"{render.share_words(result)}."
+                  f"{report.share_words(result)}."
                   "\n\n"
-                  + render.decode_summary_table(result, contexts=[1024, 4096, 16384, 32768], models=["GQA", *LAYER_ROWS]))
-    show(render.plot_decode(result, "tokens_per_s", models=["GQA", *LAYER_ROWS]))
-    at_16k = {model: render.decode_best(result, model, 1, 16384) for model in LAYER_ROWS}
+                  + report.decode_summary_table(result, contexts=[1024, 4096, 16384, 32768], models=["GQA", *LAYER_ROWS]))
+    show(report.plot_decode(result, "tokens_per_s", models=["GQA", *LAYER_ROWS]))
+    at_16k = {model: report.decode_best(result, model, 1, 16384) for model in LAYER_ROWS}
     measured = {model: row for model, row in at_16k.items() if row}
     if measured:
         show_markdown("At a 16,384-position context and batch 1: " + "; ".join(
             f"{model} {row['ms_median']:.2f} ms per step ({row['tokens_per_s']:,.0f} tokens/s, reading "
-            f"{row['positions_read']:,} positions, {row[render.shown_share(result)]:.0%} of {render.share_words(result)})"
+            f"{row['positions_read']:,} positions, {row[report.shown_share(result)]:.0%} of {report.share_words(result)})"
             for model, row in measured.items()) + ".")
     two_kernels = []  # the layers on SDPA, which run both kernels
     for model in LAYER_ROWS:
-        sdpa, matmul = (render.decode_rows(result, 1, model, kernel, 16384) for kernel in ("sdpa", "matmul"))
+        sdpa, matmul = (report.decode_rows(result, 1, model, kernel, 16384) for kernel in ("sdpa", "matmul"))
         if sdpa and matmul:
             two_kernels.append(f"{model} `sdpa` {sdpa[0]['tokens_per_s']:,.1f} tokens/s, `matmul` "
                                f"{matmul[0]['tokens_per_s']:,.1f} ({matmul[0]['tokens_per_s'] / sdpa[0]['tokens_per_s']:.2f}x)")
@@ -663,7 +663,7 @@ for path, result in layer_runs:
     for local_name, global_name, published in (("Gemma-2-local", "Gemma-2-global", "Gemma 2 27B"),
                                                ("gpt-oss-local", "gpt-oss-global", "gpt-oss-120b")):
         window = PUBLISHED[published]["config"]["sliding_window"]
-        local, full = (render.decode_best(result, name, 1, shortest) for name in (local_name, global_name))
+        local, full = (report.decode_best(result, name, 1, shortest) for name in (local_name, global_name))
         if local and full and shortest < window and local["tokens_per_s"] < full["tokens_per_s"]:
             slower.append(f"{local_name} runs {local['tokens_per_s']:,.0f} tokens/s against {global_name}'s "
                           f"{full['tokens_per_s']:,.0f} at {shortest:,} cached positions, below its window of {window:,}")

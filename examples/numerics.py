@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attention import IMPLEMENTATIONS, prose
-from attention.bench import render
+from attention import report
 from attention.display import show, show_markdown, show_table
 from attention.plotting import plot_heatmaps
 from attention.reference import kv_heads_state, reference_causal_self_attention
@@ -183,17 +183,17 @@ show_markdown(
 # `(T, T)` mask handed to it, as `sdpa_mask` does, still grows like `T²`.
 
 # %%
-recorded = render.load_result(render.RESULTS_DIR / "cpu-intel-xeon-2c-float32.json")
+recorded = report.load_result(report.RESULTS_DIR / "cpu-intel-xeon-2c-float32.json")
 config = recorded["config"]
-sweep = [row for row in render.sweep_rows(recorded, "forward") if row["status"] == "ok" and row["peak_memory_bytes"]]
+sweep = [row for row in report.sweep_rows(recorded, "forward") if row["status"] == "ok" and row["peak_memory_bytes"]]
 memory = {(row["label"], row["seq_len"]): row["peak_memory_bytes"] for row in sweep}
 backends = {(row["label"], row["seq_len"]): ", ".join(row["sdpa_backends"] or ["n/a"]) for row in sweep}
 print(f"{recorded['provenance']['device']['name']}, {recorded['dtype']}, recorded {recorded['provenance']['date_utc']}; "
       f"B={config['sweep_batch']}, d_model={config['d_model']}, {config['num_heads']} heads"
-      + (" (the sources have changed since: a stale run)" if render.is_stale(recorded) else ""))
+      + (" (the sources have changed since: a stale run)" if report.is_stale(recorded) else ""))
 
 # %% tags=["hide-input"]
-show_markdown(render.sweep_table(recorded, "forward", "peak_memory_bytes"))
+show_markdown(report.sweep_table(recorded, "forward", "peak_memory_bytes"))
 T_max = max(T for _, T in memory)
 naive, fused = memory.get(("split_heads", T_max)), memory.get(("sdpa_causal", T_max))
 if naive and fused:

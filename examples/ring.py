@@ -26,8 +26,9 @@ from matplotlib.patches import Rectangle
 
 import attention.distributed.__main__ as cli
 import attention.distributed.ring as ring
-from attention import prose
-from attention.bench import core, render
+from attention.report import prose
+from attention.bench import core
+from attention import report
 from attention.bench.sweeps import ring as ring_sweep
 from attention.display import show, show_markdown, show_source, show_table
 from attention.distributed import check, launch, measure
@@ -350,9 +351,9 @@ show_markdown(
 # ```
 
 # %% tags=["hide-input"]
-ring_runs = render.find_results(render.RESULTS_DIR / "ring")
+ring_runs = report.find_results(report.RESULTS_DIR / "ring")
 if ring_runs:
-    recorded = render.load_result(ring_runs[0])
+    recorded = report.load_result(ring_runs[0])
     by_size = ring_sweep.ring_rows(recorded)
     fewest, most = by_size[min(by_size)]["forward_backward"], by_size[max(by_size)]["forward_backward"]
     recorded_rows = [row for pair in by_size.values() for row in pair.values()]
@@ -360,7 +361,7 @@ if ring_runs:
     busy = (f" Other work ran beside this run (load average {load[0]:.1f} at its start, on {cores} cores): each "
             "time includes the share of a busy machine its processes got, and more processes get a larger share."
             if load and load[0] > cores else "")
-    show_markdown(f"{prose.file_label(f'docs/results/ring/{ring_runs[0].name}', render.is_stale(recorded))}: "
+    show_markdown(f"{prose.file_label(f'docs/results/ring/{ring_runs[0].name}', report.is_stale(recorded))}: "
                   f"{recorded['provenance']['device']['name']}, {recorded['provenance']['device']['cpu_count']} cores, "
                   f"{recorded['dtype']}, recorded {recorded['provenance']['date_utc'][:10]}; "
                   f"{ring_sweep.sizes_text(recorded['ring'])}. Times are the slowest process's medians, with the "
@@ -370,10 +371,10 @@ if ring_runs:
                                             "from the recorded run")
     show_markdown(
         f"In this run, the forward + backward call's peak per process falls from "
-        f"{render.mebibytes(fewest['peak_memory_bytes'])} MiB on {fewest['world_size']} "
+        f"{report.mebibytes(fewest['peak_memory_bytes'])} MiB on {fewest['world_size']} "
         f"{'process' if fewest['world_size'] == 1 else 'processes'} to "
-        f"{render.mebibytes(most['peak_memory_bytes'])} MiB on {most['world_size']}, beside shards of "
-        f"{render.mebibytes(fewest['shard_bytes'])} and {render.mebibytes(most['shard_bytes'])} MiB; every call "
+        f"{report.mebibytes(most['peak_memory_bytes'])} MiB on {most['world_size']}, beside shards of "
+        f"{report.mebibytes(fewest['shard_bytes'])} and {report.mebibytes(most['shard_bytes'])} MiB; every call "
         f"matched the reference: {'yes' if all(map(core.usable, recorded_rows)) else 'NO'} (largest "
         f"difference {max(row['max_abs_error'] or 0.0 for row in recorded_rows):.1e}). "
         + ring_sweep.bytes_note(recorded) + " " + ring_sweep.cores_note(recorded) + busy)

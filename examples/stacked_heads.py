@@ -133,10 +133,10 @@ assert error < 1e-5, error
 # for scale.
 
 # %% tags=["hide-input"]
-from attention.bench import render
+from attention import report
 
 RECORDED_RUN = "cpu-intel-xeon-2c-float32.json"
-result = render.load_result(render.RESULTS_DIR / RECORDED_RUN)
+result = report.load_result(report.RESULTS_DIR / RECORDED_RUN)
 config = result["config"]
 rows = {(r["implementation"], r["mode"], r["batch"], r["seq_len"]): r for r in result["rows"]
         if not r["compiled"] and r["status"] == "ok" and r["correct"]}
@@ -144,7 +144,7 @@ rows = {(r["implementation"], r["mode"], r["batch"], r["seq_len"]): r for r in r
 
 def verdict(stacked, split):
     """'faster', 'slower' or 'tied' for stacked_heads against split_heads: do their IQRs of time overlap?"""
-    if render.tied(stacked, split):
+    if report.tied(stacked, split):
         return "tied"
     return "faster" if stacked["ms_median"] < split["ms_median"] else "slower"
 
@@ -170,7 +170,7 @@ show_markdown(
 show_table(
     "stacked_heads against split_heads (ms: median time per call; MiB: peak memory)",
     ["mode", "B", "T", "stacked ms", "split ms", "stacked is", "stacked MiB", "split MiB", "sdpa_causal ms"],
-    [[render.MODE_TITLES[mode], batch, seq_len, f"{stacked['ms_median']:.1f}", f"{split['ms_median']:.1f}",
+    [[report.MODE_TITLES[mode], batch, seq_len, f"{stacked['ms_median']:.1f}", f"{split['ms_median']:.1f}",
       verdict(stacked, split), f"{stacked['peak_memory_bytes'] / 2**20:.1f}",
       f"{split['peak_memory_bytes'] / 2**20:.1f}", "—" if sdpa is None else f"{sdpa['ms_median']:.1f}"]
      for mode, batch, seq_len, stacked, split, sdpa in sorted(comparisons, key=lambda c: (c[0] != "forward", c[1], c[2]))])
@@ -183,7 +183,7 @@ for mode in config["modes"]:
         by_verdict.setdefault(verdict(stacked, split), []).append((batch, seq_len))
     parts = [f"{word} at {shapes_text(shapes)}" for word, shapes in sorted(by_verdict.items())]
     ratios = [split["peak_memory_bytes"] / stacked["peak_memory_bytes"] for *_, stacked, split, _ in in_mode]
-    summary.append(f"* **{render.MODE_TITLES[mode].capitalize()}.** Time: `stacked_heads` is {'; '.join(parts)}. Peak memory: "
+    summary.append(f"* **{report.MODE_TITLES[mode].capitalize()}.** Time: `stacked_heads` is {'; '.join(parts)}. Peak memory: "
                    f"`split_heads` needs {min(ratios):.1f} to {max(ratios):.1f} times as much as `stacked_heads`.")
 _, batch, seq_len, stacked, split, _ = max((c for c in comparisons if c[0] == "forward"), key=lambda c: c[1] * c[2])
 one_head_scores = batch * seq_len * seq_len * 4  # bytes of one head's (B, T, T) float32 scores
@@ -197,7 +197,7 @@ with_sdpa = [c for c in comparisons if c[5] is not None]
 sdpa_wins = [c for c in with_sdpa if c[5]["ms_median"] < min(c[3]["ms_median"], c[4]["ms_median"])]
 summary.append(f"* `sdpa_causal` has the lowest median time of the three in {len(sdpa_wins)} of the "
                f"{len(with_sdpa)} rows.")
-changed = [path for path in render.changed_sources(result)
+changed = [path for path in report.changed_sources(result)
            if path in ("attention/causal/stacked_heads.py", "attention/causal/split_heads.py")]
 summary.append("* " + (f"{' and '.join(f'`{path}`' for path in changed)} changed since this run." if changed
                        else "Neither `stacked_heads.py` nor `split_heads.py` has changed since this run."))

@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 
 from attention.causal.split_heads import SplitHeadsAttention
 from attention.causal.tiled import TiledAttention, tiled_attention
-from attention import prose
+from attention.report import prose
 from attention.display import show, show_markdown, show_table
 from attention.reference import reference_causal_self_attention
 
@@ -199,27 +199,27 @@ show_markdown(
 # tables and figures below are read from the recorded run.
 
 # %% tags=["hide-input"]
-from attention.bench import render
+from attention import report
 
-long_path = render.find_results(render.RESULTS_DIR / "long", device_type="cpu")[0]
-long_run = render.load_result(long_path)
+long_path = report.find_results(report.RESULTS_DIR / "long", device_type="cpu")[0]
+long_run = report.load_result(long_path)
 show_markdown(f"Recorded run `docs/results/long/{long_path.name}`: {long_run['provenance']['device']['name']}, "
               f"{long_run['dtype']}, recorded {long_run['provenance']['date_utc'][:10]}"
-              + (" with older sources than these (the page still shows it)" if render.is_stale(long_run) else "")
-              + f"; {render.profile_summary(long_run['config'])}.")
-show_markdown(render.memory_slope_table(long_run))
+              + (" with older sources than these (the page still shows it)" if report.is_stale(long_run) else "")
+              + f"; {report.profile_summary(long_run['config'])}.")
+show_markdown(report.memory_slope_table(long_run))
 
 # %% tags=["hide-input"]
-show(render.plot_memory_vs_seq_len(long_run, "forward"),
+show(report.plot_memory_vs_seq_len(long_run, "forward"),
      alt="Forward peak memory against sequence length, log-log: split_heads grows like T squared, tiled and "
          "sdpa_causal like T")
-show(render.plot_memory_vs_seq_len(long_run, "forward_backward"),
+show(report.plot_memory_vs_seq_len(long_run, "forward_backward"),
      alt="Forward + backward peak memory against sequence length, log-log")
 
 # %% tags=["hide-input"]
-slopes = {mode: render.memory_slopes(long_run, mode) for mode in ("forward", "forward_backward")}
-rows = {(r["label"], r["mode"], r["seq_len"]): r for r in render.sweep_rows(long_run, "forward")
-        + render.sweep_rows(long_run, "forward_backward")}
+slopes = {mode: report.memory_slopes(long_run, mode) for mode in ("forward", "forward_backward")}
+rows = {(r["label"], r["mode"], r["seq_len"]): r for r in report.sweep_rows(long_run, "forward")
+        + report.sweep_rows(long_run, "forward_backward")}
 longest = max(long_run["config"]["seq_lens"])
 naive_longest = max(t for (label, mode, t), r in rows.items()
                     if label == "split_heads" and mode == "forward_backward" and r["status"] == "ok")
@@ -229,9 +229,9 @@ show_markdown(
     f"`T^{slopes['forward_backward']['split_heads']['slope']:.2f}`, `tiled`'s as "
     f"`T^{slopes['forward_backward']['tiled']['slope']:.2f}` and `sdpa_causal`'s as "
     f"`T^{slopes['forward_backward']['sdpa_causal']['slope']:.2f}`. At `T = {naive_longest}`, one training step "
-    f"of `split_heads` needs {render.number(rows['split_heads', 'forward_backward', naive_longest]['peak_memory_bytes'] / 2**20)} "
-    f"MiB, `tiled` {render.number(rows['tiled', 'forward_backward', naive_longest]['peak_memory_bytes'] / 2**20)} MiB "
-    f"and `sdpa_causal` {render.number(rows['sdpa_causal', 'forward_backward', naive_longest]['peak_memory_bytes'] / 2**20)} MiB."
+    f"of `split_heads` needs {report.number(rows['split_heads', 'forward_backward', naive_longest]['peak_memory_bytes'] / 2**20)} "
+    f"MiB, `tiled` {report.number(rows['tiled', 'forward_backward', naive_longest]['peak_memory_bytes'] / 2**20)} MiB "
+    f"and `sdpa_causal` {report.number(rows['sdpa_causal', 'forward_backward', naive_longest]['peak_memory_bytes'] / 2**20)} MiB."
     + (f" At `T = {longest}` the run skipped `split_heads`: {skipped['reason']}." if skipped and skipped["status"] == "skipped" else ""))
 
 # %% [markdown]
@@ -243,8 +243,8 @@ show_markdown(
 # write and read than a score matrix that only fits in main memory. The recorded run:
 
 # %% tags=["hide-input"]
-show_markdown("Forward + backward, median ms per call:\n\n" + render.sweep_table(long_run, "forward_backward", "ms_median"))
-long_label = prose.file_label(f"docs/results/long/{long_path.name}", render.is_stale(long_run))
+show_markdown("Forward + backward, median ms per call:\n\n" + report.sweep_table(long_run, "forward_backward", "ms_median"))
+long_label = prose.file_label(f"docs/results/long/{long_path.name}", report.is_stale(long_run))
 training = {label: {t: r["ms_median"] for (name, mode, t), r in rows.items()
                     if name == label and mode == "forward_backward" and r["status"] == "ok"}
             for label in ("split_heads", "tiled", "sdpa_causal")}
@@ -256,28 +256,28 @@ show_markdown(prose.tiled_against_naive_sentence(long_label, training["tiled"], 
 at = {label: rows.get((label, "forward_backward", longest)) for label in ("tiled", "sdpa_causal")}
 if all(r and r["status"] == "ok" for r in at.values()):
     kind, ratio = prose.ratio_words(at["tiled"]["ms_median"], at["sdpa_causal"]["ms_median"])
-    show_markdown(f"Against the fused kernel, at `T = {longest:,}`: `tiled` takes {render.number(at['tiled']['ms_median'])} ms "
-                  f"and `sdpa_causal` {render.number(at['sdpa_causal']['ms_median'])} ms, "
+    show_markdown(f"Against the fused kernel, at `T = {longest:,}`: `tiled` takes {report.number(at['tiled']['ms_median'])} ms "
+                  f"and `sdpa_causal` {report.number(at['sdpa_causal']['ms_median'])} ms, "
                   + (f"{prose.times(ratio)} as long, for the same O(T) memory: the algorithm is the same, the "
                      "difference is the kernel (one C++ loop over tiles, against Python's)." if kind == "more"
                      else "about as long or less, for the same O(T) memory."))
 
-compiled_path = render.RESULTS_DIR / "cpu-intel-xeon-2c-float32-compiled.json"
-compiled_run = render.load_result(compiled_path)
+compiled_path = report.RESULTS_DIR / "cpu-intel-xeon-2c-float32-compiled.json"
+compiled_run = report.load_result(compiled_path)
 
 
 def compiled_row(label, mode):
-    return next(row for row in render.shape_rows(compiled_run, mode) if row["label"] == f"{label} (compiled)")
+    return next(row for row in report.shape_rows(compiled_run, mode) if row["label"] == f"{label} (compiled)")
 
 
-compiled = {render.MODE_TITLES[mode]: (compiled_row("tiled", mode)["ms_median"], compiled_row("sdpa_causal", mode)["ms_median"])
+compiled = {report.MODE_TITLES[mode]: (compiled_row("tiled", mode)["ms_median"], compiled_row("sdpa_causal", mode)["ms_median"])
             for mode in ("forward", "forward_backward")}
 from attention.bench.metrics import CONTENDED_BELOW
 
-contended = [f"`{row['label']}`, {render.MODE_TITLES[mode]}, at {row['cpu_utilization']:.0%} of the CPU"
+contended = [f"`{row['label']}`, {report.MODE_TITLES[mode]}, at {row['cpu_utilization']:.0%} of the CPU"
              for mode in ("forward", "forward_backward") for row in (compiled_row(label, mode) for label in ("tiled", "sdpa_causal"))
              if (row["cpu_utilization"] or 1.0) < CONTENDED_BELOW]
-show_markdown(prose.compiled_sentence(prose.file_label(compiled_path.name, render.is_stale(compiled_run)),
+show_markdown(prose.compiled_sentence(prose.file_label(compiled_path.name, report.is_stale(compiled_run)),
                                       compiled_run["config"]["seq_len"], compiled)
               + (f" Measured while other processes took the CPU (these times overstate the cost): {'; '.join(contended)}."
                  if contended else ""))

@@ -20,7 +20,8 @@ import pytest
 import torch
 from bench_tables import BEFORE, TINY, structure
 
-from attention.bench import SWEEPS, core, metrics, profiles, render, run_benchmark
+from attention.bench import SWEEPS, core, metrics, profiles, run_benchmark
+from attention import report
 from attention.bench.__main__ import build_parser, config_from_args, main
 from attention.bench.provenance import source_files, source_hash
 from attention.bench.results import SCHEMA_VERSION, fields_table
@@ -117,10 +118,10 @@ def test_planted_wrong_implementation_is_flagged_and_unranked(planted):
     for ranking in planted["rankings"]:
         assert ranking["order"] == ["split_heads"] and ranking["fastest"] == "split_heads"
         assert ranking["excluded"]["wrong_softmax"].startswith("incorrect")
-    wrong_line = next(line for line in render.results_table(planted).splitlines() if "wrong_softmax" in line)
+    wrong_line = next(line for line in report.results_table(planted).splitlines() if "wrong_softmax" in line)
     assert wrong_line.startswith("|  |") and "**no**" in wrong_line
     # A class that is not registered is not publishable: the validator names it.
-    assert any("rows[2].implementation: 'wrong_softmax' is not one of" in p for p in render.validate_result(planted))
+    assert any("rows[2].implementation: 'wrong_softmax' is not one of" in p for p in report.validate_result(planted))
 
 
 def test_constructor_refusal_is_recorded_as_skipped():
@@ -131,7 +132,7 @@ def test_constructor_refusal_is_recorded_as_skipped():
     assert by_name["torch_mha"]["status"] == "skipped" and by_name["torch_mha"]["ms_median"] is None
     assert by_name["torch_mha"]["reason"].startswith("constructor: ValueError") and "d_in" in by_name["torch_mha"]["reason"]
     assert by_name["split_heads"]["status"] == "ok" and by_name["split_heads"]["correct"] is True
-    assert run["rankings"][0]["order"] == ["split_heads"] and render.validate_result(run) == []
+    assert run["rankings"][0]["order"] == ["split_heads"] and report.validate_result(run) == []
 
 
 def test_compiled_rows_report_compile_time_apart():
@@ -193,7 +194,7 @@ def test_cuda_run_names_the_sdpa_kernel_that_ran():
     config = Config(**SMALL | dict(device="cuda", dtype="bfloat16", d_model=128, seq_lens=(),
                                    implementations=("sdpa_causal", "split_heads")))
     run = run_benchmark(config, progress=False)
-    assert render.validate_result(run) == []
+    assert report.validate_result(run) == []
     for row in run["rows"]:
         assert row["status"] == "ok" and row["correct"] is True and row["peak_memory_bytes"] > 0
         expected = {"flash", "efficient", "cudnn", "math"} if row["implementation"] == "sdpa_causal" else {"n/a"}
@@ -248,7 +249,7 @@ def test_flops_count_the_smaller_kv_width_of_grouped_query_attention(result):
     tampered = copy.deepcopy(result)
     row = next(row for row in tampered["rows"] if row["mode"] == "forward")
     row["num_kv_heads"] = 1
-    problems = render.validate_result(tampered)
+    problems = report.validate_result(tampered)
     assert any("flops_projections" in p and "does not match its definition" in p for p in problems), problems
 
 
@@ -288,44 +289,44 @@ def test_the_quick_profile_makes_the_tables_it_made_before():
     the columns and the rows of the tables the code before the rebuild printed from the same inputs."""
     quick = run_benchmark(profiles.quick_config(**TINY, seq_len=16, seq_lens=(8, 16),
                                                 implementations=BEFORE["implementations"]), progress=False)
-    assert structure(render.markdown_tables(quick)) == BEFORE["quick"]["markdown_tables"]
-    assert structure(render.markdown_tables(quick, include_sweep=True)) == BEFORE["quick"]["markdown_tables_sweep"]
-    assert structure(render.fastest_table(quick)) == BEFORE["quick"]["fastest_table"]
-    assert render.validate_result(quick) == []
+    assert structure(report.markdown_tables(quick)) == BEFORE["quick"]["markdown_tables"]
+    assert structure(report.markdown_tables(quick, include_sweep=True)) == BEFORE["quick"]["markdown_tables_sweep"]
+    assert structure(report.fastest_table(quick)) == BEFORE["quick"]["fastest_table"]
+    assert report.validate_result(quick) == []
 
 
 def test_staleness(result):
     edited = copy.deepcopy(result)
-    assert not render.is_stale(edited) and render.changed_sources(edited) == []
-    assert "Current" in render.provenance_summary(edited)
+    assert not report.is_stale(edited) and report.changed_sources(edited) == []
+    assert "Current" in report.provenance_summary(edited)
     edited["provenance"]["source_hash"] = "0" * 64
     edited["provenance"]["source_files"]["attention/causal/flex.py"] = "0" * 64
-    assert render.is_stale(edited) and render.changed_sources(edited) == ["attention/causal/flex.py"]
-    assert "Stale" in render.provenance_summary(edited)
+    assert report.is_stale(edited) and report.changed_sources(edited) == ["attention/causal/flex.py"]
+    assert "Stale" in report.provenance_summary(edited)
 
 
 def test_renderer_tables_and_charts(result, tmp_path):
-    tables = render.markdown_tables(result, include_sweep=True)
+    tables = report.markdown_tables(result, include_sweep=True)
     assert tables.count("| # | implementation |") == 2 and "T=8" in tables and "`split_heads`" in tables
-    summary = render.provenance_summary(result)
+    summary = report.provenance_summary(result)
     assert "torch " + torch.__version__ in summary and result["provenance"]["command"] in summary
-    assert "MiB" in render.sweep_table(result, "forward", "peak_memory_bytes")
+    assert "MiB" in report.sweep_table(result, "forward", "peak_memory_bytes")
     with pytest.raises(ValueError, match="metric"):
-        render.sweep_table(result, "forward", "median")
+        report.sweep_table(result, "forward", "median")
     path = tmp_path / "cpu-tiny.json"
     path.write_text(json.dumps(result))
-    assert render.find_results(tmp_path, device_type="cpu") == [path] and render.find_results(tmp_path, "cuda") == []
-    assert render.load_result(path) == result  # nothing in it to escape
+    assert report.find_results(tmp_path, device_type="cpu") == [path] and report.find_results(tmp_path, "cuda") == []
+    assert report.load_result(path) == result  # nothing in it to escape
     matplotlib = pytest.importorskip("matplotlib")
-    for figure in (render.plot_bars(result), render.plot_time_vs_seq_len(result, "forward"),
-                   render.plot_memory_vs_seq_len(result, "forward_backward")):
+    for figure in (report.plot_bars(result), report.plot_time_vs_seq_len(result, "forward"),
+                   report.plot_memory_vs_seq_len(result, "forward_backward")):
         assert isinstance(figure, matplotlib.figure.Figure)
         assert all(ax.get_title() or figure._suptitle for ax in figure.axes)
-    bars = render.plot_bars(result)
+    bars = report.plot_bars(result)
     for ax in bars.axes:  # one bar per measured row of the headline shape, each as long as its median
         mode = {"forward": "forward", "forward + backward": "forward_backward"}[ax.get_title().split(",")[0]]
         assert sorted(p.get_width() for p in ax.patches) == pytest.approx(
-            sorted(r["ms_median"] for r in render.shape_rows(result, mode)))
+            sorted(r["ms_median"] for r in report.shape_rows(result, mode)))
 
 
 def test_sweep_charts_name_four_kinds_of_kernel_and_grey_the_rest(result):
@@ -334,28 +335,12 @@ def test_sweep_charts_name_four_kinds_of_kernel_and_grey_the_rest(result):
     crowded = copy.deepcopy(result)
     crowded["rows"] += [dict(row, label=name, implementation=name) for name in ("einsum", "rope", "alibi")
                         for row in result["rows"] if row["implementation"] == "split_heads"]
-    ax = render.plot_time_vs_seq_len(crowded).axes[0]
+    ax = report.plot_time_vs_seq_len(crowded).axes[0]
     legend = [text.get_text() for text in ax.get_legend().get_texts()]
     assert legend[:2] == ["naive: (B, H, T, T) scores (split_heads)", "SDPA, fused (sdpa_causal)"]
     assert "other classes (see the tables)" in legend and len(legend) == 4  # + the O(T²) guide
     grey = [line for line in ax.get_lines() if line.get_color() == "0.72" and line.get_xdata().size]
     assert len(grey) == 3
-
-
-def test_presentation_modules_do_not_make_a_run_stale(tmp_path):
-    import shutil
-
-    from attention.bench import provenance
-
-    package = tmp_path / "attention"
-    shutil.copytree(provenance.PACKAGE_DIR, package, ignore=shutil.ignore_patterns("__pycache__"))
-    before = source_hash(package)
-    for name in ("bench/render.py", "bench/format.py", "bench/compare.py", "plotting.py", "display.py"):
-        assert f"attention/{name}" not in source_files(package)
-        (package / name).write_text("# a new chart\n")
-    assert source_hash(package) == before
-    (package / "bench" / "metrics.py").write_text("# changes what is measured\n")
-    assert source_hash(package) != before
 
 
 def test_cli_end_to_end(tmp_path):
@@ -364,7 +349,7 @@ def test_cli_end_to_end(tmp_path):
                                 "sdpa_causal", "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr
     assert "| # | implementation |" in completed.stdout and "identified as **" in completed.stdout
-    recorded = render.load_result(out)
+    recorded = report.load_result(out)
     assert recorded["complete"] is True and recorded["profile"] == "custom"
     assert recorded["provenance"]["command"].startswith("python -m attention.bench --device cpu")
     assert [row["implementation"] for row in recorded["rows"]] == ["split_heads", "sdpa_causal"]
@@ -377,22 +362,22 @@ def test_help_gives_profiles_run_times_names_and_examples(capsys):
     text = capsys.readouterr().out
     assert "profiles: default, quick, long, decode, block_sparse" in text
     assert all(name in text for name in IMPLEMENTATIONS) and "python -m attention.bench --validate" in text
-    durations = profiles.recorded_durations()  # each recorded run's duration, read from its file
+    durations = report.recorded_durations()  # each recorded run's duration, read from its file
     assert f"run times of the runs recorded in docs/results/: {durations}" in text
-    for path in render.find_results():
-        recorded = render.load_result(path)
-        assert f"{recorded['provenance']['duration_s'] / 60:.0f} min ({render.device_label(recorded['provenance']['device'])}" in durations
+    for path in report.find_results():
+        recorded = report.load_result(path)
+        assert f"{recorded['provenance']['duration_s'] / 60:.0f} min ({report.device_label(recorded['provenance']['device'])}" in durations
 
 
 def test_recorded_results_are_valid_readable_and_named_after_their_device():
     paths = sorted((ROOT / "docs" / "results").rglob("*.json"))
     assert len(paths) >= 8
     for path in paths:
-        checked = render.check_file(path)
+        checked = report.check_file(path)
         assert checked["problems"] == [], checked["problems"]
         assert path.name.startswith(checked["result"]["device_type"] + "-")
-    for path in render.find_results():
-        assert render.markdown_tables(render.load_result(path))
+    for path in report.find_results():
+        assert report.markdown_tables(report.load_result(path))
 
 
 def test_the_schema_page_lists_every_sweeps_row_fields():
@@ -456,16 +441,16 @@ def test_ties_compare_rows_at_one_machine_speed():
     """`a` timed while the machine ran at half speed (its paired matmul too) is as fast as `b`: tied, though
     their raw IQRs are far apart; and rows whose corrected IQRs do not overlap are not tied."""
     a, b = timed("a", 2.0, 0.1, paired=0.5), timed("b", 1.0, 0.1, paired=1.0)
-    assert render.tied(a, b) and not (a["ms_q1"] <= b["ms_q3"])
+    assert report.tied(a, b) and not (a["ms_q1"] <= b["ms_q3"])
     c = timed("c", 1.5, 0.1, paired=1.0)
-    assert not render.tied(c, b) and render.slower_by(c, b) == "+50%"
+    assert not report.tied(c, b) and report.slower_by(c, b) == "+50%"
     d = timed("d", 1.2, 0.1, paired=0.5)  # faster than b once its slow machine is taken into account
-    entry = render.fastest({"rows": [b, c, d]})[0]
+    entry = report.fastest({"rows": [b, c, d]})[0]
     assert entry["fastest"]["label"] == "d" and entry["next"]["label"] == "b"
 
 
 def test_fastest_table_orders_shapes_by_batch_then_length(result):
-    lines = render.fastest_table(result).splitlines()[2:]
+    lines = report.fastest_table(result).splitlines()[2:]
     assert [tuple(int(cell) for cell in line.split("|")[1:3]) for line in lines] == [(1, 8), (1, 16), (2, 16)]
 
 
@@ -486,10 +471,10 @@ def valid_rows(result):
 
 
 def test_a_fresh_run_is_valid_and_older_sources_are_valid_but_stale(result):
-    assert render.validate_result(result) == []
+    assert report.validate_result(result) == []
     old = copy.deepcopy(result)
-    old["provenance"]["source_hash"] = "f" * 64
-    assert render.validate_result(old) == [] and render.is_stale(old)
+    old["provenance"]["source_files"]["attention/bench/core.py"] = "f" * 64  # measured by an older core
+    assert report.validate_result(old) == [] and report.is_stale(old)
 
 
 @pytest.mark.parametrize("breakage, message", [
@@ -512,7 +497,7 @@ def test_a_fresh_run_is_valid_and_older_sources_are_valid_but_stale(result):
 def test_validator_names_what_is_wrong(result, breakage, message):
     broken = copy.deepcopy(result)
     breakage(broken)
-    problems = render.validate_result(broken)
+    problems = report.validate_result(broken)
     assert any(message in problem for problem in problems), problems
 
 
@@ -556,19 +541,19 @@ def test_fastest_leaves_out_rows_with_fewer_kv_heads(result):
     extra = [dict(row, implementation="gqa", label="gqa", num_kv_heads=1, **{key: row[key] / 10 for key in (
         "ms_median", "ms_q1", "ms_q3", "ms_min", "ms_max")}) for row in result["rows"] if row["label"] == "sdpa_causal"]
     grouped["rows"] += extra
-    assert extra and all(sequence.fewer_kv_heads(row) for row in extra)
-    assert [e["fastest"]["label"] for e in render.fastest(grouped)] == [e["fastest"]["label"] for e in render.fastest(result)]
-    assert "`gqa`" not in render.fastest_table(grouped)
+    assert extra and all(report.sequence.fewer_kv_heads(row) for row in extra)
+    assert [e["fastest"]["label"] for e in report.fastest(grouped)] == [e["fastest"]["label"] for e in report.fastest(result)]
+    assert "`gqa`" not in report.fastest_table(grouped)
 
 
 def test_share_stability_compares_two_runs(result):
-    assert all(row["paired"][0] == row["paired"][1] for entry in render.share_stability(result, result)
+    assert all(row["paired"][0] == row["paired"][1] for entry in report.share_stability(result, result)
                for row in entry["rows"])
     slower = slowed(result, "split_heads", 2.0)
-    for entry in render.share_stability(result, slower):
+    for entry in report.share_stability(result, slower):
         row = next(row for row in entry["rows"] if row["label"] == "split_heads")
         assert row["paired"][1] == pytest.approx(row["paired"][0] / 2)
-    assert "| forward | `split_heads`" in render.share_stability_table(result, slower)
+    assert "| forward | `split_heads`" in report.share_stability_table(result, slower)
 
 
 def bench_page_hook(tmp_path, monkeypatch, results):
@@ -724,14 +709,14 @@ def test_rows_carry_the_paired_yardstick(result):
     assert all(r["share_of_paired_matmul"] == pytest.approx(r["tflops"] / r["matmul_tflops_paired"]) for r in measured)
     paired = result["matmul_peak"]["paired"]
     assert paired["rows"] == len(measured) and paired["lowest_tflops"] <= paired["median_tflops"] <= paired["highest_tflops"]
-    assert "timed in blocks interleaved with the row's own" in render.markdown_tables(result)
+    assert "timed in blocks interleaved with the row's own" in report.markdown_tables(result)
 
 
 def test_bfloat16_runs_on_cpu_against_its_own_yardstick_and_tolerance():
     config = Config(**SMALL | dict(dtype="bfloat16", seq_lens=(), implementations=("split_heads", "sdpa_causal")))
     run = run_benchmark(config, progress=False)
     assert run["dtype"] == "bfloat16" and run["matmul_peak"]["dtype"] == "bfloat16"
-    assert render.validate_result(run) == []
+    assert report.validate_result(run) == []
     for row in run["rows"]:
         assert row["status"] == "ok" and row["correct"] is True and row["tolerance"] == metrics.TOLERANCES["bfloat16"]
         assert 0 < row["max_abs_error"] <= row["tolerance"]["atol"] + row["tolerance"]["rtol"]
@@ -757,7 +742,7 @@ def test_add_your_device_page_is_filled_from_the_hook(result, tmp_path, monkeypa
         assert f'=== "{title}"' in markdown
         assert command.replace(" --out ", " \\\n        --out ") in markdown  # inside the tab, on two lines
     assert "docs/results/cpu-test-float32.json: valid: cpu (" in markdown
-    assert f"The runs recorded for this site took: {profiles.recorded_durations()}." in markdown
+    assert f"The runs recorded for this site took: {report.recorded_durations()}." in markdown
 
 
 def test_cpu_flags_and_their_label(tmp_path):
@@ -772,6 +757,6 @@ def test_cpu_flags_and_their_label(tmp_path):
     assert cpu_features_label(["avx2", "fma"]) == "AVX2" and cpu_features_label([]) == "no AVX2"
     assert cpu_features_label(None) == "flags unknown" and cpu_flags(tmp_path / "missing") is None
     device = {"type": "cpu", "name": "x", "cpu": "AMD EPYC 7R13 Processor", "cpu_flags": ["avx2", "fma"]}
-    assert render.device_label(device) == "EPYC 7R13, AVX2"
-    assert render.device_label(device | {"cpu": "Intel(R) Xeon(R) Processor", "cpu_flags": flags}) == "Xeon, AMX"
-    assert render.device_label({"type": "cuda", "name": "NVIDIA H100 80GB HBM3"}) == "NVIDIA H100 80GB HBM3"
+    assert report.device_label(device) == "EPYC 7R13, AVX2"
+    assert report.device_label(device | {"cpu": "Intel(R) Xeon(R) Processor", "cpu_flags": flags}) == "Xeon, AMX"
+    assert report.device_label({"type": "cuda", "name": "NVIDIA H100 80GB HBM3"}) == "NVIDIA H100 80GB HBM3"

@@ -88,14 +88,15 @@ def test_each_sdpa_backend_matches_reference(backend, dtype):
 
 def test_long_profile_runs_on_cuda():
     """The long profile's both sweeps on CUDA from the same code: every row measured and correct."""
-    from attention.bench import core, profiles, render
+    from attention.bench import core, profiles
+    from attention import report
 
     plan = profiles.plan("long", dict(seq_lens=(256, 512), d_model=64, num_heads=2, min_run_time=0.01, min_repeats=2,
                                       warmup_time=0.0, matmul_size=256))
     result = core.run(plan, "cuda", progress=False)
-    assert render.validate_result(result) == []
+    assert report.validate_result(result) == []
     assert all(r["status"] == "ok" and r["correct"] is True for r in result["rows"])
-    sparse = render.block_sparse_rows(result)
+    sparse = report.block_sparse_rows(result)
     assert len(sparse) == 4 * 2 * 2 and all(r["status"] == "ok" and r["correct"] is True for r in sparse)
 
 
@@ -120,10 +121,11 @@ def test_cuda_decoding_with_a_cache_equals_the_full_forward(decode_kernel, dtype
 
 
 def test_decode_profile_runs_on_cuda():
-    from attention.bench import core, profiles, render
+    from attention.bench import core, profiles
+    from attention import report
 
     plan = profiles.plan("decode", dict(num_heads=8, head_dim=64, contexts=(256, 1024), batches=(1, 2),
                                         min_run_time=0.05, min_repeats=2, warmup_time=0.0))
     result = core.run(plan, "cuda", progress=False)
-    assert render.validate_result(result) == []
+    assert report.validate_result(result) == []
     assert all(row["status"] == "ok" and row["correct"] for row in result["decode"]["rows"])

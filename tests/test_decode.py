@@ -13,7 +13,8 @@ from bench_tables import BEFORE, TINY_DECODE, quick_yardsticks, structure
 from helpers import tolerance
 from matplotlib.figure import Figure
 
-from attention.bench import core, metrics, profiles, render
+from attention.bench import core, metrics, profiles
+from attention import report
 from attention.bench.__main__ import main
 from attention.bench.sweeps import decode
 from attention.causal.gqa import DECODE_KERNELS, GroupedQueryAttention, grouped_decode_attention, per_head_matmul
@@ -131,7 +132,7 @@ def test_decode_rows_are_complete_correct_and_valid(decode_result):
     assert {row["model"]: row["num_kv_heads"] for row in rows} == {"MHA": 8, "GQA": 1, "MQA": 1}
     assert all(list(row) == list(decode.Row.__annotations__) for row in rows)
     assert all(row["status"] == "ok" and row["correct"] is True for row in rows), [r["reason"] for r in rows]
-    assert decode_result["complete"] is True and render.validate_result(decode_result) == []
+    assert decode_result["complete"] is True and report.validate_result(decode_result) == []
     assert set(decode_result) == {"schema_version", "complete", "profile", "device_type", "dtype", "provenance",
                                   "decode"}  # no placeholder config, rows or rankings of another sweep
     assert all(row["sdpa_backends"] not in (None, ["n/a"]) for row in rows if row["kernel"] == "sdpa")
@@ -151,9 +152,9 @@ def test_decode_bytes_and_flops_follow_from_the_shapes(decode_result):
 
 def test_the_decode_profile_makes_the_tables_it_made_before(decode_result):
     before = BEFORE["decode"]
-    assert structure(render.decode_table(decode_result, 1)) == before["decode_table_1"]
-    assert structure(render.decode_table(decode_result, 2)) == before["decode_table_2"]
-    assert structure(render.decode_summary_table(decode_result)) == before["decode_summary_table"]
+    assert structure(report.decode_table(decode_result, 1)) == before["decode_table_1"]
+    assert structure(report.decode_table(decode_result, 2)) == before["decode_table_2"]
+    assert structure(report.decode_summary_table(decode_result)) == before["decode_summary_table"]
 
 
 @pytest.mark.parametrize("field", ["tokens_per_s", "gbps", "share_of_paired_bandwidth", "share_of_peak_bandwidth",
@@ -162,17 +163,17 @@ def test_the_decode_profile_makes_the_tables_it_made_before(decode_result):
 def test_the_validator_recomputes_each_derived_number(decode_result, field):
     tampered = copy.deepcopy(decode_result)
     tampered["decode"]["rows"][3][field] = int(tampered["decode"]["rows"][3][field] * 1.5)
-    assert any(f"decode.rows[3]" in p and field in p for p in render.validate_result(tampered))
+    assert any(f"decode.rows[3]" in p and field in p for p in report.validate_result(tampered))
 
 
 def test_decode_tables_and_figures_show_every_measurement(decode_result):
-    assert render.decode_table(decode_result, 2).count("tok/s") == 3 * 2 * 2
-    summary = render.decode_summary_table(decode_result)
+    assert report.decode_table(decode_result, 2).count("tok/s") == 3 * 2 * 2
+    summary = report.decode_summary_table(decode_result)
     assert summary.count("tok/s") == 2 * 3 * 2 and "KiB" in summary
     for metric in ("tokens_per_s", "share_of_peak_bandwidth", "share_of_paired_bandwidth"):
-        fig = render.plot_decode(decode_result, metric)
+        fig = report.plot_decode(decode_result, metric)
         assert isinstance(fig, Figure) and sum(len(ax.lines) for ax in fig.axes) == 2 * 3 * 2
-    assert "Bandwidth ceiling of this run" in decode.tables(decode_result)
+    assert "Bandwidth ceiling of this run" in report.decode.tables(decode_result)
 
 
 def test_the_summary_shows_a_cache_of_less_than_a_kibibyte_per_token(decode_result):
@@ -182,7 +183,7 @@ def test_the_summary_shows_a_cache_of_less_than_a_kibibyte_per_token(decode_resu
     models = list(dict.fromkeys(row["model"] for row in rows))
     for row in rows:
         row["cache_bytes_per_token"] = {models[0]: 512, models[1]: 1152}.get(row["model"], row["cache_bytes_per_token"])
-    cells = [line.split("|")[4].strip() for line in render.decode_summary_table(sized).splitlines()[2:]]
+    cells = [line.split("|")[4].strip() for line in report.decode_summary_table(sized).splitlines()[2:]]
     assert cells[:2] == ["0.5 KiB", "1.125 KiB"]
 
 
@@ -196,17 +197,17 @@ def test_the_bandwidth_ceiling_is_the_best_read_or_copy_past_the_last_level_cach
     assert section["ceiling_bytes"] == [2**22, 2**23]
     assert all(row["share_of_peak_bandwidth"] == pytest.approx(row["gbps"] / bandwidth["peak_gbps"])
                and row["share_of_peak_bandwidth"] <= 1 for row in section["rows"])
-    assert decode.shown_share(decode_result) == "share_of_peak_bandwidth"
+    assert report.decode.shown_share(decode_result) == "share_of_peak_bandwidth"
     tampered = copy.deepcopy(decode_result)
     tampered["decode"]["bandwidth"]["peak_gbps"] *= 1.5
-    assert any("peak_gbps" in problem for problem in render.validate_result(tampered))
+    assert any("peak_gbps" in problem for problem in report.validate_result(tampered))
     older = copy.deepcopy(decode_result)
     del older["decode"]["bandwidth"]["peak_gbps"], older["decode"]["bandwidth"]["last_level_cache_bytes"]
     del older["decode"]["ceiling_bytes"]
     for row in older["decode"]["rows"]:
         del row["share_of_peak_bandwidth"]
-    assert render.validate_result(older) == [] and decode.shown_share(older) == "share_of_paired_bandwidth"
-    assert "Read bandwidth" in decode.tables(older) and "ceiling" not in decode.tables(older)
+    assert report.validate_result(older) == [] and report.decode.shown_share(older) == "share_of_paired_bandwidth"
+    assert "Read bandwidth" in report.decode.tables(older) and "ceiling" not in report.decode.tables(older)
     for cache, sizes in ((None, (2**27, 2**28, 2**29)), (32 * 2**20, (2**27, 2**28, 2**29)),
                          (105 * 2**20, (2**29, 2**30, 2**31))):
         assert metrics.ceiling_sizes(cache) == sizes and sizes[0] >= 4 * (cache or 0)
@@ -238,7 +239,7 @@ def test_the_command_line_runs_the_decode_profile(tmp_path, capsys):
                      "--min-run-time", "0.02", "--repeats", "2", "--quiet", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "tok/s" in printed and "Bandwidth ceiling of this run" in printed
-    assert render.check_file(out)["problems"] == [] and main(["--validate", str(out)]) == 0
+    assert report.check_file(out)["problems"] == [] and main(["--validate", str(out)]) == 0
 
 
 class ContractOnly:
@@ -283,7 +284,7 @@ def test_a_model_is_one_record_and_the_sweep_uses_only_the_cache_contract(monkey
     rows = result["decode"]["rows"]
     assert [(r["model"], r["context"]) for r in rows] == [("toy", 64), ("toy", 128), ("MQA", 64), ("MQA", 128)]
     assert all(r["status"] == "ok" and r["correct"] is True for r in rows) and checks == [64, 128]
-    assert render.validate_result(result) == []
+    assert report.validate_result(result) == []
     wrong = decode.Model(("matmul",), build, grouped.entries, lambda *args: grouped.reference(*args) + 1)
     monkeypatch.setitem(decode.MODELS, "toy", wrong)
     with quick_yardsticks():

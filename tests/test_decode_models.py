@@ -12,7 +12,8 @@ import pytest
 import torch
 from bench_tables import TINY_DECODE, quick_yardsticks
 
-from attention.bench import core, profiles, render, results
+from attention.bench import core, profiles, results
+from attention import report
 from attention.bench.sweeps import decode
 from attention.models.deepseek_v3 import latent_attention_flops, latent_config
 from attention.reference import model_reference_kwargs, reference_model_attention
@@ -79,7 +80,7 @@ def test_every_new_model_gives_correct_valid_rows(result):
         ("gpt-oss-global", "matmul"), ("Llama-4-chunked", "sdpa"), ("Llama-4-chunked", "matmul"),
         ("Llama-4-NoPE", "sdpa"), ("Llama-4-NoPE", "matmul"), ("MLA", "absorbed"), ("MLA", "naive")]
     assert all(r["status"] == "ok" and r["correct"] is True for r in rows), [r["reason"] for r in rows]
-    assert render.validate_result(result) == []
+    assert report.validate_result(result) == []
     assert all(r["sdpa_backends"] != ["n/a"] for r in rows if r["kernel"] in ("sdpa", "naive"))  # naive runs SDPA
     assert all(r["sdpa_backends"] == ["n/a"] for r in rows if r["kernel"] in ("matmul", "absorbed"))
 
@@ -127,7 +128,7 @@ def test_the_validator_refuses_a_wrong_count(result, model, field):
         row["share_of_paired_bandwidth"] = row["gbps"] / row["bandwidth_gbps_paired"]
     else:  # the default definition's FLOPs, not the model's
         row["flops"] = decode.step_flops(row, 4) + (0 if model == "MLA" else 1)
-    assert any(f"decode.rows[{index}]" in problem and field in problem for problem in render.validate_result(tampered))
+    assert any(f"decode.rows[{index}]" in problem and field in problem for problem in report.validate_result(tampered))
 
 
 def test_a_model_whose_window_disagrees_with_its_cache_is_refused(monkeypatch):

@@ -120,7 +120,7 @@ def inline_call_namespace():
     import attention
     import attention.masks
     from attention import MultiHeadAttention
-    from attention.bench import render
+    from attention import report
 
     d_in = d_out = d_model = 64
     B, H, T, D = 2, 4, 8, 16
@@ -129,12 +129,12 @@ def inline_call_namespace():
     cls = attention.IMPLEMENTATIONS["sdpa_causal"]
     module = cls(d_in, d_out, 16, 0.0, 4)
     return dict(torch=torch, F=F, SDPBackend=SDPBackend, create_block_mask=create_block_mask, flex_attention=flex_attention,
-                platform=platform, attention=attention, render=render, MultiHeadAttention=MultiHeadAttention,
+                platform=platform, attention=attention, report=report, MultiHeadAttention=MultiHeadAttention,
                 d_in=d_in, d_out=d_out, d_model=d_model, num_heads=4, context_length=16, dropout=0.0, qkv_bias=False,
                 cls=cls, module=module, x=x, mha=MultiHeadAttention(d_model, 4), B=B, H=H, Q_LEN=T, KV_LEN=T,
                 q=q, k=k, v=v, query=q, key=k, value=v, lengths=torch.tensor([5, 8]), mask_mod=attention.masks.causal,
                 mask=torch.ones(T, T, dtype=torch.bool).tril(),  # (Tq, Tk), True = attend
-                result=render.load_result(render.find_results()[0]))
+                result=report.load_result(report.find_results()[0]))
 
 
 def test_inline_call_pattern_finds_table_cells_and_skips_fences():
@@ -520,12 +520,12 @@ def test_readme_use_snippet_runs_and_prints_from_the_folder_that_holds_the_clone
 def test_readme_quotes_the_recorded_default_runs_durations():
     """The README's time of the default benchmark profile quotes recorded runs by name: each minute count
     must be that file's recorded duration."""
-    from attention.bench import render
+    from attention import report
 
     quoted = re.findall(r"(\d+) min\s*\(`(docs/results/[\w.-]+\.json)`", (ROOT / "README.md").read_text(encoding="utf-8"))
     assert len(quoted) >= 2, quoted
     for minutes, path in quoted:
-        result = render.load_result(ROOT / path)
+        result = report.load_result(ROOT / path)
         assert result["config"]["profile"] == "default", path
         assert int(minutes) == round(result["provenance"]["duration_s"] / 60), (path, minutes)
 

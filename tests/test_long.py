@@ -7,7 +7,8 @@ import pytest
 import torch
 from bench_tables import BEFORE, TINY, structure
 
-from attention.bench import core, profiles, render
+from attention.bench import core, profiles
+from attention import report
 from attention.bench.__main__ import build_parser, config_from_args
 from attention.bench.sweeps import block_sparse
 from attention.bench.sweeps.sequence import predicted_peak
@@ -34,9 +35,9 @@ def test_long_profile_settings():
 
 
 def test_long_run_checks_every_row_and_counts_blocks(long_result):
-    assert long_result["complete"] and render.validate_result(long_result) == []
+    assert long_result["complete"] and report.validate_result(long_result) == []
     assert all(r["status"] == "ok" and r["correct"] is True for r in long_result["rows"])
-    sparse = render.block_sparse_rows(long_result)
+    sparse = report.block_sparse_rows(long_result)
     assert len(sparse) == 2 * 2 * 2  # patterns x lengths x kernels
     assert all(r["status"] == "ok" and r["correct"] is True and r["max_abs_error"] < 1e-4 for r in sparse)
     by = {(r["pattern"], r["kernel"], r["seq_len"]): r for r in sparse}
@@ -54,10 +55,10 @@ def test_long_run_checks_every_row_and_counts_blocks(long_result):
 
 def test_the_long_profile_makes_the_tables_it_made_before(long_result):
     before = BEFORE["long"]
-    assert structure(render.markdown_tables(long_result, include_sweep=True)) == before["markdown_tables_sweep"]
-    assert structure(render.memory_slope_table(long_result, shortest=128)) == before["memory_slope_table"]
-    assert structure(render.crossover_table(long_result)) == before["crossover_table"]
-    assert structure(render.block_sparse_table(long_result)) == before["block_sparse_table"]
+    assert structure(report.markdown_tables(long_result, include_sweep=True)) == before["markdown_tables_sweep"]
+    assert structure(report.memory_slope_table(long_result, shortest=128)) == before["memory_slope_table"]
+    assert structure(report.crossover_table(long_result)) == before["crossover_table"]
+    assert structure(report.block_sparse_table(long_result)) == before["block_sparse_table"]
 
 
 def test_block_sparse_rows_are_checked_against_the_reference(monkeypatch):
@@ -81,7 +82,7 @@ def test_memory_guard_skips_rows_predicted_past_the_budget():
     assert all(r["status"] == "ok" for r in first)  # nothing to predict from: measured
     assert all(r["status"] == "skipped" and "exceeds the memory budget" in r["reason"] and r["ms_median"] is None
                for r in second)
-    assert render.validate_result(result) == []
+    assert report.validate_result(result) == []
 
 
 def test_validator_catches_inconsistent_block_sparse_rows(long_result):
@@ -91,10 +92,10 @@ def test_validator_catches_inconsistent_block_sparse_rows(long_result):
     rows[1]["block_share"] = 0.0
     del rows[2]["mask_bytes"]
     rows[3]["flops"] *= 2
-    problems = render.validate_result(broken)
+    problems = report.validate_result(broken)
     assert "block_sparse.rows[2].mask_bytes: missing" in problems  # the rules first
     del rows[2]
-    problems = render.validate_result(broken)
+    problems = report.validate_result(broken)
     assert {p.split(" (")[0] for p in problems} == {"block_sparse.rows[0]", "block_sparse.rows[1]", "block_sparse.rows[2]"}
     assert any(p.startswith("block_sparse.rows[0]") and ": tflops" in p for p in problems)
     assert any(p.startswith("block_sparse.rows[1]") and "mask_density <= block_share" in p for p in problems)
@@ -110,10 +111,10 @@ def _synthetic(times):
 
 
 def test_crossover_is_the_shortest_length_from_which_flex_stays_faster():
-    found = render.crossovers(_synthetic({256: (2, 1), 512: (1, 2), 1024: (3, 2), 2048: (2, 4), 4096: (2, 6)}))["p"]
+    found = report.crossovers(_synthetic({256: (2, 1), 512: (1, 2), 1024: (3, 2), 2048: (2, 4), 4096: (2, 6)}))["p"]
     assert found["crossover"] == 2048 and found["longest"] == 4096 and found["speedup"] == 3
-    assert render.crossovers(_synthetic({256: (1, 2), 512: (3, 2)}))["p"]["crossover"] is None
-    table = render.crossover_table(_synthetic({256: (1, 2), 512: (3, 2)}))
+    assert report.crossovers(_synthetic({256: (1, 2), 512: (3, 2)}))["p"]["crossover"] is None
+    table = report.crossover_table(_synthetic({256: (1, 2), 512: (3, 2)}))
     assert "not within the lengths measured" in table and "0.67x" in table
 
 
@@ -122,23 +123,23 @@ def test_memory_slopes_fit_the_growth():
                  peak_memory_bytes=scale * t**power)
             for name, scale, power in (("quadratic", 48, 2), ("linear", 1000, 1)) for t in (1024, 2048, 4096, 8192)]
     result = {"config": {"seq_lens": [1024, 2048, 4096, 8192], "sweep_batch": 1, "modes": ["forward"]}, "rows": rows}
-    slopes = render.memory_slopes(result, "forward", shortest=2048)
+    slopes = report.memory_slopes(result, "forward", shortest=2048)
     assert slopes["quadratic"]["lengths"] == [2048, 4096, 8192]
     assert slopes["quadratic"]["slope"] == pytest.approx(2) and slopes["linear"]["slope"] == pytest.approx(1)
-    assert "| `quadratic` | forward | 2.00 | 2048..8192 |" in render.memory_slope_table(result)
+    assert "| `quadratic` | forward | 2.00 | 2048..8192 |" in report.memory_slope_table(result)
 
 
 def test_long_renderers_fill_tables_and_figure(long_result):
-    table = render.block_sparse_table(long_result)
+    table = report.block_sparse_table(long_result)
     assert table.count("| 256 |") == 2 and "incorrect" not in table and "—" not in table
-    figure = render.plot_block_sparse(long_result)
+    figure = report.plot_block_sparse(long_result)
     visible = [ax for ax in figure.axes if ax.get_visible()]
     assert len(visible) == 2 and all(len(ax.get_lines()) >= 2 for ax in visible)
 
 
 def test_memory_guides_start_at_the_data(long_result):
     """The O(T) and O(T²) guides start at the measured values of the shortest length, not decades below them."""
-    ax = render.plot_memory_vs_seq_len(long_result, "forward").axes[0]
+    ax = report.plot_memory_vs_seq_len(long_result, "forward").axes[0]
     guides = [line for line in ax.get_lines() if line.get_label() in ("O(T)", "O(T²)")]
     data = [line.get_ydata()[0] for line in ax.get_lines() if line.get_label().endswith(")") and line not in guides
             and line.get_xdata().size]
@@ -188,4 +189,4 @@ def test_benchmarks_page_shows_long_runs_in_their_own_section(long_result, tmp_p
 def test_validator_refuses_a_run_that_did_not_finish(long_result):
     partial = copy.deepcopy(long_result)
     partial["complete"] = False
-    assert any("did not finish" in problem for problem in render.validate_result(partial))
+    assert any("did not finish" in problem for problem in report.validate_result(partial))

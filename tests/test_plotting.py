@@ -236,11 +236,11 @@ def test_sweep_chart_guides_start_at_the_data():
     drawn from the shortest T pulled the axis down to 0.03 MiB on the tiled page)."""
     import pathlib
 
-    from attention.bench import render
+    from attention import report
 
-    run = render.load_result(pathlib.Path(__file__).resolve().parents[1] / "docs" / "results" / "long"
+    run = report.load_result(pathlib.Path(__file__).resolve().parents[1] / "docs" / "results" / "long"
                              / "cpu-intel-xeon-2c-float32-long.json")
-    fig = render.plot_memory_vs_seq_len(run, "forward")
+    fig = report.plot_memory_vs_seq_len(run, "forward")
     ax = fig.axes[0]
     data = [y for line in ax.lines if not line.get_label().startswith("O(") for y in line.get_ydata()]
     guides = [line for line in ax.lines if line.get_label().startswith("O(")]

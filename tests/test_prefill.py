@@ -10,6 +10,7 @@ import copy
 import pytest
 import torch
 
+from attention import report
 from attention.bench import SWEEPS, core, profiles, results
 from attention.bench.sweeps import prefill
 from attention.models.deepseek_v3 import DeepseekV3Attention, latent_attention_flops, latent_config
@@ -94,11 +95,11 @@ def test_bad_configs_name_the_value():
 
 
 def test_tables_summary_and_chart_read_the_rows(result):
-    text = SWEEPS["prefill"].tables(result)
+    text = report.prefill.tables(result)
     assert "| 16 |" in text and "| 70 |" in text and "TFLOP/s" in text
-    naive_faster, both = prefill.naive_faster_from(result)
+    naive_faster, both = report.prefill.naive_faster_from(result)
     assert both == [16, 70]
-    pairs = prefill.by_length(result)
+    pairs = report.prefill.by_length(result)
     faster = [t for t in both if pairs[t]["naive"]["ms_q3"] < pairs[t]["absorbed"]["ms_q1"]]
     assert naive_faster is None or naive_faster in faster
     assert (naive_faster is None) == (70 not in faster)
@@ -109,10 +110,10 @@ def ranges(absorbed, naive):  # a pair of rows with only the quartiles faster_pa
 
 
 def test_a_path_is_faster_only_where_the_interquartile_ranges_part():
-    assert prefill.faster_path(ranges((10, 11), (8, 9.9))) == "naive"
-    assert prefill.faster_path(ranges((8, 9.9), (10, 11))) == "absorbed"
-    assert prefill.faster_path(ranges((10, 11), (9, 10.5))) == "tie"  # overlapping: the median's order is noise
-    assert prefill.faster_path(ranges((10, 11), (11, 12))) == "tie"  # touching
+    assert report.prefill.faster_path(ranges((10, 11), (8, 9.9))) == "naive"
+    assert report.prefill.faster_path(ranges((8, 9.9), (10, 11))) == "absorbed"
+    assert report.prefill.faster_path(ranges((10, 11), (9, 10.5))) == "tie"  # overlapping: the median's order is noise
+    assert report.prefill.faster_path(ranges((10, 11), (11, 12))) == "tie"  # touching
 
 
 def test_the_summary_names_ties_and_where_the_naive_path_wins(result):
@@ -121,17 +122,17 @@ def test_the_summary_names_ties_and_where_the_naive_path_wins(result):
     for (tokens, path), quartiles in {(16, "absorbed"): (5.0, 6.0), (16, "naive"): (5.5, 6.5),
                                       (70, "absorbed"): (20.0, 21.0), (70, "naive"): (10.0, 11.0)}.items():
         rows[tokens, path].update(ms_q1=quartiles[0], ms_median=sum(quartiles) / 2, ms_q3=quartiles[1])
-    assert prefill.naive_faster_from(tied) == (70, [16, 70])
-    assert prefill.summary(tied) == ("The naive path is faster from 70 tokens on; the absorbed path takes 0.92x to "
+    assert report.prefill.naive_faster_from(tied) == (70, [16, 70])
+    assert report.prefill.summary(tied) == ("The naive path is faster from 70 tokens on; the absorbed path takes 0.92x to "
                                      "1.95x the naive path's time over 16 to 70 tokens (a tie at 16 tokens: the two "
                                      "times' interquartile ranges overlap).")
     rows[16, "naive"].update(ms_q1=4.0, ms_median=4.5, ms_q3=4.9)  # naive faster at 16 tokens, now tied at 70:
     rows[70, "naive"].update(ms_q1=20.5, ms_median=21.0, ms_q3=21.5)  # "faster from 16 on" would be false at 70
-    assert prefill.naive_faster_from(tied) == (None, [16, 70])
-    assert prefill.summary(tied).startswith("The naive path is not faster at the longest prompt measured;")
-    figure, alt = prefill.charts(result)["prefill"]
+    assert report.prefill.naive_faster_from(tied) == (None, [16, 70])
+    assert report.prefill.summary(tied).startswith("The naive path is not faster at the longest prompt measured;")
+    figure, alt = report.prefill.charts(result)["prefill"]
     assert [len(line.get_xdata()) for line in figure.axes[0].get_lines()] == [2, 2] and "MLA prefill" in alt
-    page = prefill.page(results.escaped(result), {"prefill": "![chart](prefill.png)"})
+    page = report.prefill.page(results.escaped(result), {"prefill": "![chart](prefill.png)"})
     assert "![chart](prefill.png)" in page and "absorbed" in page
 
 

@@ -11,8 +11,8 @@ import pathlib
 
 import pytest
 
-from attention import prose
-from attention.bench import render
+from attention.report import decision, prose
+from attention import report
 
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / "docs" / "results"
 AMD_EPYC_FLAGS = ["avx2", "fma"]  # no AVX-512, no AMX: what this project's AMD EPYC build host reports
@@ -21,7 +21,7 @@ XEON_AMX_FLAGS = ["avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_t
 
 @pytest.fixture(scope="module")
 def amd_run():
-    return render.load_result(RESULTS / "cpu-amd-epyc-2c-float32.json")
+    return report.load_result(RESULTS / "cpu-amd-epyc-2c-float32.json")
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def xeon_amx_run(amd_run):
     run = copy.deepcopy(amd_run)
     run["provenance"]["device"]["name"] = "Intel(R) Xeon(R) Platinum 8480+"
     run["provenance"]["device"]["cpu_flags"] = XEON_AMX_FLAGS
-    sdpa = {row["mode"]: row for row in render.shape_rows(run, "forward") + render.shape_rows(run, "forward_backward")
+    sdpa = {row["mode"]: row for row in report.shape_rows(run, "forward") + report.shape_rows(run, "forward_backward")
             if row["implementation"] == "sdpa_causal" and not row["compiled"]}
     for row in run["rows"]:
         if row["implementation"] == "flex" and not row["compiled"] and (row["batch"], row["seq_len"]) == (
@@ -128,11 +128,11 @@ def test_decode_sentences_follow_the_kernels():
 
 @pytest.fixture(scope="module")
 def long_run():
-    return render.load_result(RESULTS / "long" / "cpu-intel-xeon-2c-float32-long.json")
+    return report.load_result(RESULTS / "long" / "cpu-intel-xeon-2c-float32-long.json")
 
 
 def training_times(run, label):
-    return {row["seq_len"]: row["ms_median"] for row in render.sweep_rows(run, "forward_backward")
+    return {row["seq_len"]: row["ms_median"] for row in report.sweep_rows(run, "forward_backward")
             if row["label"] == label and row["status"] == "ok"}
 
 
@@ -158,7 +158,7 @@ def test_compiled_sentence_per_mode():
 def headline_rows(run, names=("gqa", "gqa_flex", "sdpa_mask", "flex")):
     found = {}
     for mode in ("forward", "forward_backward"):
-        for row in render.shape_rows(run, mode):
+        for row in report.shape_rows(run, mode):
             if row["implementation"] in names and not row["compiled"]:
                 found.setdefault(row["implementation"], {})[mode] = (row["ms_median"], row["peak_memory_bytes"] / 2**20)
     return found
@@ -204,17 +204,17 @@ def test_memory_growth_sentence():
 
 
 def test_decision_table_from_two_hosts(amd_run, xeon_amx_run):
-    runs = prose.split_by_device([("cpu-amd-epyc-2c-float32.json", amd_run)])
-    table = prose.decision_table(runs, prose.split_by_device([]), prose.split_by_device([]))
+    runs = decision.split_by_device([("cpu-amd-epyc-2c-float32.json", amd_run)])
+    table = decision.decision_table(runs, decision.split_by_device([]), decision.split_by_device([]))
     assert "`sdpa_causal`, fastest in `cpu-amd-epyc-2c-float32.json`" in table
     lines = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()[2:]}
     assert set(lines) == {"Training (forward + backward)", "Prefill (a prompt's forward pass, no cache yet)",
                           "Decoding with a KV cache", "A GQA model (fewer K/V heads)", "A custom mask"}
-    assert all(line.rstrip(" |").endswith(prose.NOT_MEASURED) for line in lines.values()), "no GPU run is recorded"
+    assert all(line.rstrip(" |").endswith(decision.NOT_MEASURED) for line in lines.values()), "no GPU run is recorded"
     assert "Decoding with a KV cache | not measured yet" in table  # no decode run given
     # The other host: flex is the fastest there, and the table says so for that file only.
-    both = prose.split_by_device([("cpu-amd-epyc-2c-float32.json", amd_run), ("cpu-xeon-amx.json", xeon_amx_run)])
-    table = prose.decision_table(both, prose.split_by_device([]), prose.split_by_device([]))
+    both = decision.split_by_device([("cpu-amd-epyc-2c-float32.json", amd_run), ("cpu-xeon-amx.json", xeon_amx_run)])
+    table = decision.decision_table(both, decision.split_by_device([]), decision.split_by_device([]))
     training = next(line for line in table.splitlines() if line.startswith("| Training"))
     assert "`flex`, fastest in `cpu-xeon-amx.json`" in training and "`sdpa_causal`" in training
 
@@ -222,17 +222,17 @@ def test_decision_table_from_two_hosts(amd_run, xeon_amx_run):
 def test_decision_table_gpu_column_fills_from_a_cuda_run(amd_run):
     cuda = copy.deepcopy(amd_run)
     cuda["device_type"] = "cuda"
-    table = prose.decision_table(prose.split_by_device([("cpu.json", amd_run), ("cuda-h100.json", cuda)]),
-                                 prose.split_by_device([]), prose.split_by_device([]))
+    table = decision.decision_table(decision.split_by_device([("cpu.json", amd_run), ("cuda-h100.json", cuda)]),
+                                 decision.split_by_device([]), decision.split_by_device([]))
     training = next(line for line in table.splitlines() if line.startswith("| Training"))
     assert training.count("fastest in") == 2 and "`cuda-h100.json`" in training.split(" | ")[2]
 
 
 def test_decision_table_decode_and_mask_rows_name_their_runs(long_run):
-    decode = render.load_result(RESULTS / "decode" / "cpu-amd-epyc-2c-float32-decode.json")
-    table = prose.decision_table(prose.split_by_device([]),
-                                 prose.split_by_device([("cpu-amd-epyc-2c-float32-decode.json", decode)]),
-                                 prose.split_by_device([("cpu-intel-xeon-2c-float32-long.json", long_run)]))
+    decode = report.load_result(RESULTS / "decode" / "cpu-amd-epyc-2c-float32-decode.json")
+    table = decision.decision_table(decision.split_by_device([]),
+                                 decision.split_by_device([("cpu-amd-epyc-2c-float32-decode.json", decode)]),
+                                 decision.split_by_device([("cpu-intel-xeon-2c-float32-long.json", long_run)]))
     assert "`decode_kernel=\"matmul\"`" in table and "`cpu-amd-epyc-2c-float32-decode.json`" in table
     assert "sliding window from `T = 2,048`" in table and "`cpu-intel-xeon-2c-float32-long.json`" in table
 
@@ -246,5 +246,5 @@ def test_phone_labels_of_the_decision_table_name_its_columns():
     """On phones the table stacks its cells, and docs/stylesheets/extra.css labels them: the same devices."""
     css = (RESULTS.parents[0] / "stylesheets" / "extra.css").read_text(encoding="utf-8")
     labels = [f'.decision-table td:nth-child({index + 2})::before {{\n    content: "{title}: ";'
-              for index, title in enumerate(prose.DECISION_DEVICES.values())]
+              for index, title in enumerate(decision.DECISION_DEVICES.values())]
     assert all(label in css for label in labels), labels

@@ -11,6 +11,7 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
+from attention import report
 from attention.bench import SWEEPS, core, profiles, results
 from attention.bench.sweeps import ring
 from attention.distributed import check
@@ -60,7 +61,7 @@ def test_bytes_that_differ_from_the_ring_are_kept_and_shown_when_said_so(ring_re
     measured["ring"]["rows"][0]["rank_sent_bytes"][1] = [8]
     measured["ring"]["rows"][0]["sent_as_expected"] = False
     assert results.validate(measured) == []  # a measurement, not a broken file: the table says NO
-    assert ring.ring_table(measured).rstrip().endswith("| NO |")
+    assert report.ring.ring_table(measured).rstrip().endswith("| NO |")
 
 
 def test_the_validator_refuses_unknown_fields_and_hostile_strings(ring_result):
@@ -78,12 +79,12 @@ def test_the_validator_refuses_unknown_fields_and_hostile_strings(ring_result):
 
 
 def test_tables_chart_and_page_show_the_run(ring_result):
-    text = SWEEPS["ring"].tables(ring_result)
+    text = report.ring.tables(ring_result)
     assert "| 2 | 24 |" in text and text.count("yes") == 1 and "WRONG" not in text
     assert "at P = 2, 1 forward step of 3 KiB (one key/value block) per process, exactly the computed bytes" in text
-    (figure, alt), = ring.charts(ring_result).values()
+    (figure, alt), = report.ring.charts(ring_result).values()
     assert isinstance(figure, Figure) and sum(len(ax.lines) for ax in figure.axes) == 4 and alt
-    page = ring.page(results.escaped(ring_result), {"ring": "![chart](ring.png)"})
+    page = report.ring.page(results.escaped(ring_result), {"ring": "![chart](ring.png)"})
     assert "![chart](ring.png)" in page and "T = 48" in page
 
 

@@ -11,11 +11,19 @@ Examples:
 """
 
 import argparse
+import dataclasses
+import datetime
+import shlex
 import sys
 import textwrap
+import time
 from pathlib import Path
 
-from attention.bench import core, format, profiles, results
+import torch
+
+from attention import report
+from attention.bench import SWEEPS, core, profiles, results
+from attention.bench.provenance import device_info, git_state, source_files
 from attention.registry import IMPLEMENTATIONS
 
 MODE_CHOICES = {"forward": ("forward",), "backward": ("forward_backward",), "both": ("forward", "forward_backward")}
@@ -40,7 +48,7 @@ def positive_int(text):
 
 def build_parser():
     epilog = (f"profiles: {', '.join(profiles.profiles())} (the presets: attention/bench/profiles.py).\n"
-              f"run times of the runs recorded in docs/results/: {profiles.recorded_durations()}. The quick profile is what "
+              f"run times of the runs recorded in docs/results/: {report.recorded_durations()}. The quick profile is what "
               "the docs build runs; the page 'The quick run, explained' gives its duration.\n"
               f"--impl names: {', '.join(IMPLEMENTATIONS)}.\n" + textwrap.dedent(__doc__.split("Examples:", 1)[1]))
     parser = argparse.ArgumentParser(
@@ -78,6 +86,12 @@ def build_parser():
                         "status 1 if any is not valid (a run recorded with older sources is valid, and said to be)")
     parser.add_argument("--migrate", nargs="+", metavar="FILE", help="rewrite results files of an older schema_version "
                         "as the current one (fields renamed or added as null, no number changed)")
+    parser.add_argument("--stale", nargs="*", metavar="FILE", help="list the results files (default: every one under "
+                        "docs/results/) with rows measured by code that has changed since, and those files; exit "
+                        "status 1 if any")
+    parser.add_argument("--refresh", metavar="FILE", help="measure again, on this machine, only the stale rows of a "
+                        "results file, and rewrite it with the provenance of those rows (refused for a file recorded "
+                        "on another machine)")
     return parser
 
 
@@ -92,12 +106,16 @@ def config_from_args(args):
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.stale is not None:
+        return stale(args.stale or sorted(results.RESULTS_DIR.rglob("*.json")))
+    if args.refresh:
+        return refresh(args.refresh, parser, argv, not args.quiet)
     if args.validate or args.migrate:
         for path in args.migrate or ():
             core.write_result(results.migrate(results.read(path)), path)
             print(f"{path}: schema_version {results.SCHEMA_VERSION}")
         verdicts = {path: results.check_file(path) for path in args.validate or args.migrate}
-        print("\n".join(results.check_report(path, checked) for path, checked in verdicts.items()))
+        print("\n".join(report.check_report(path, checked) for path, checked in verdicts.items()))
         return 1 if any(checked["problems"] for checked in verdicts.values()) else 0
     try:
         plan = config_from_args(args)
@@ -107,11 +125,92 @@ def main(argv=None):
         parser.error(str(error))
     argv = None if argv is None else ["python", "-m", "attention.bench", *argv]
     result = core.run(plan, args.device, args.dtype, argv, args.out, not args.quiet)
-    print(format.provenance_summary(result))
+    print(report.provenance_summary(result))
     for sweep, _ in plan.sweeps:
-        print("\n" + sweep.tables(result))
+        print("\n" + report.PAGES[sweep.NAME].tables(result))
     if args.out:
         print(f"\nwrote {Path(args.out)}", file=sys.stderr)
+    return 0
+
+
+IDENTITY = ("type", "name", "cpu", "cpu_flags", "cpu_count", "torch_num_threads")  # a machine, as a run records it
+
+
+def other_machine(result):
+    """How this machine differs from the one that recorded `result` (`[]`: the same one, same torch)."""
+    recorded, here = result["provenance"]["device"], device_info(result["device_type"])
+    differ = [f"{key} {recorded.get(key)!r}, here {here.get(key)!r}" for key in IDENTITY if recorded.get(key) != here.get(key)]
+    return differ + ([f"torch {result['provenance']['torch']}, here {torch.__version__}"]
+                     if result["provenance"]["torch"] != torch.__version__ else [])
+
+
+def refresh_rows(result, argv=None, progress=True):
+    """Measure again, on this machine, the rows of `result` whose code has changed since (`results.stale_rows`), each
+    sweep's section narrowed to them (`for_rows`); replace them in place and record what measured them in
+    `provenance.refreshes`. Returns `{sweep: [row indices measured again]}`. `ValueError` naming both machines where
+    this is not the machine (or the torch) that recorded the file."""
+    if differ := other_machine(result):
+        raise ValueError("recorded on another machine: " + "; ".join(differ) + ". Record a new file here instead")
+    started, measured = time.perf_counter(), {}
+    entry = {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "command": shlex.join(
+        argv or ["python", "-m", "attention.bench", *sys.argv[1:]]), "git": git_state(), "source_files": source_files()}
+    for name, stale in results.stale_rows(result, entry["source_files"]).items():
+        sweep, section = SWEEPS[name], results.section(result, name)
+        fields = {field.name for field in dataclasses.fields(sweep.Config)}
+        recorded = section["config"] if name == "sequence" else section
+        config = sweep.Config(**{key: tuple(value) if isinstance(value, list) else value
+                                 for key, value in recorded.items() if key in fields})
+        rows = [section["rows"][index] for index in stale]
+        fresh = core.Envelope(result["profile"], result["device_type"], result["dtype"], argv)
+        fresh.progress = progress
+        with fresh:
+            sweep.run(getattr(sweep, "for_rows", lambda config, rows: config)(config, rows), fresh)
+        again = {tuple(row[key] for key in sweep.KEY): row for row in results.section(fresh.result, name)["rows"]}
+        for index, row in zip(stale, rows):
+            if (key := tuple(row[field] for field in sweep.KEY)) in again:
+                section["rows"][index] = again[key]
+                measured.setdefault(name, []).append(index)
+        getattr(sweep, "finish", lambda section: None)(section)
+        if name == "sequence":
+            result.update(section)
+    entry.update(duration_s=round(time.perf_counter() - started, 1), rows=measured)
+    result["provenance"].setdefault("refreshes", []).append(entry)
+    return measured
+
+
+def stale(paths):
+    """Print each results file's stale rows (`results.stale_rows`); 1 if any file has some or cannot be read."""
+    status = 0
+    for path in paths:
+        checked = results.check_file(path)
+        if checked["problems"]:
+            print(report.check_report(path, checked))
+            status = 1
+            continue
+        found = results.stale_rows(checked["result"])
+        counts = [f"{name} {len(rows)} of {len(results.section(checked['result'], name)['rows'])} rows"
+                  for name, rows in found.items()]
+        print(f"{path}: " + (f"stale: {', '.join(counts)}; changed since: {', '.join(checked['changed'])}" if found
+                             else "current"))
+        status |= bool(found)
+    return status
+
+
+def refresh(path, parser, argv, progress):
+    """`--refresh FILE`: measure its stale rows again here and rewrite it."""
+    checked = results.check_file(path)
+    if checked["problems"]:
+        parser.error(report.check_report(path, checked))
+    result = checked["result"]
+    try:
+        measured = refresh_rows(result, None if argv is None else ["python", "-m", "attention.bench", *argv], progress)
+    except ValueError as error:
+        parser.error(f"--refresh {path}: {error}")
+    if problems := results.validate(result):
+        raise RuntimeError(f"the refreshed {path} is not valid: " + "; ".join(problems))
+    core.write_result(result, path)
+    print(f"{path}: measured again: " + (", ".join(f"{name} {len(rows)} rows" for name, rows in measured.items())
+                                         or "nothing (no stale row)"))
     return 0
 
 

@@ -88,14 +88,6 @@ def failed(row, error):
     row.update(status="failed", reason="out of memory" if oom else error_text(error))
 
 
-def nested(rows, outer, inner):
-    """`{row[outer]: {row[inner]: row}}` of `rows`, the outer keys ascending (a sweep's rows by size, then by kernel)."""
-    grouped = {}
-    for row in rows:
-        grouped.setdefault(row[outer], {})[row[inner]] = row
-    return dict(sorted(grouped.items()))
-
-
 def usable(row):
     """True for a row measured and matched to the reference: the only kind a table ranks or a chart draws."""
     return row is not None and row["status"] == "ok" and row["correct"] is True

@@ -5,8 +5,6 @@ field of its name (or the one `Config.OPTIONS` maps it to) in every sweep of the
 import dataclasses
 from typing import NamedTuple
 
-from attention.bench.format import device_label
-from attention.bench.results import RESULTS_DIR, find_results, load_result
 from attention.bench.sweeps import sequence
 
 LONG_SEQ_LENS = tuple(2**i for i in range(7, 15))  # 128 .. 16384
@@ -65,28 +63,3 @@ def plan(profile, options):
 def quick_config(**overrides):
     """The quick profile's sequence config, with `overrides` (its field names)."""
     return sequence.Config(**PRESETS["quick"]["sequence"] | {"profile": "quick"} | overrides)
-
-
-def profile_summary(config):
-    """A sequence run's sizes and timing in words, from its config (a file's `config`, or a `Config` as a dict)."""
-    lengths = ", ".join(str(t) for t in config["seq_lens"] or ())
-    shape = (f"batch {config['sweep_batch']}, `T` = {lengths}" if lengths
-             else f"batch {config['batch']}, `T` = {config['seq_len']}")
-    return (f"{shape}, d_model {config['d_model']}, {config['num_heads']} heads, timing of at least "
-            f"{config['min_run_time']} s and {config['min_repeats']} repeats per row")
-
-
-def quick_profile_summary():
-    """The quick profile in words, from its preset."""
-    return profile_summary(dataclasses.asdict(quick_config()))
-
-
-def recorded_durations():  # how long each profile's runs recorded in docs/results/ took, in words
-    runs = {}
-    for folder in [RESULTS_DIR, *sorted(path for path in RESULTS_DIR.glob("*") if path.is_dir())]:
-        for path in find_results(folder):
-            result = load_result(path)
-            runs.setdefault(result["profile"], []).append(
-                f"{result['provenance']['duration_s'] / 60:.0f} min ({device_label(result['provenance']['device'])}"
-                f", {result['provenance']['device']['cpu_count']} cores, {result['dtype']})")
-    return "; ".join(f"{name}: {', '.join(times)}" for name, times in runs.items()) or "none recorded in this checkout"

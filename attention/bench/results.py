@@ -15,7 +15,7 @@ import typing
 from pathlib import Path
 
 from attention.bench.metrics import SDPA_KERNEL_PATTERNS, SDPA_OPS, TOLERANCES
-from attention.bench.provenance import REPO_DIR, RESULT_FLAGS, changed_sources
+from attention.bench.provenance import REPO_DIR, RESULT_FLAGS, dependencies, source_files
 
 # Bump when a field changes name or meaning, and teach `migrate` to rewrite the files of the version before.
 SCHEMA_VERSION = 3
@@ -162,20 +162,28 @@ DEVICE = record({
     "cpu_count": integer(1, 1 << 16), "torch_num_threads": integer(1, 1 << 16), "host_memory_bytes": nullable(BYTES),
     "memory_bytes": BYTES, "compute_capability": text(r"\d{1,2}\.\d{1,2}", "a compute capability such as 8.0", 8),
     "multiprocessors": integer(1, 1 << 16)}, optional=("memory_bytes", "compute_capability", "multiprocessors"))
+SOURCE_FILES = mapping(text(r"attention/[A-Za-z0-9_/]+\.py", "a path attention/....py", 200),
+                       text(r"[0-9a-f]{64}", "a sha256 in hexadecimal", 64), 2000)
+DATE = text(r"20\d\d-(0[1-9]|1[0-2])-([0-2]\d|3[01])T([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d+)?([+-]\d\d:\d\d|Z)",
+            "an ISO 8601 date and time with its offset", 40)
+COMMAND = text(r"[A-Za-z0-9 ._/=,:+@%'-]+", "a command line of letters, digits, spaces and ._/=,:+@%'-", 2000)
+GIT = record({"commit": nullable(text(r"[0-9a-f]{40}|[0-9a-f]{64}", "a hexadecimal git commit", 64)),
+              "dirty": nullable(BOOLEAN)})
+# `--refresh`: the rows measured again (by section and index) and what they were measured with; the rest of a row's
+# provenance is the file's.
+REFRESH = record({"date_utc": DATE, "command": COMMAND, "git": GIT, "source_files": SOURCE_FILES, "duration_s": SECONDS,
+                  "rows": mapping(IDENTIFIER, list_of(integer(0, MAX_ROWS), MAX_ROWS), 10)})
 PROVENANCE = record({
-    "date_utc": text(r"20\d\d-(0[1-9]|1[0-2])-([0-2]\d|3[01])T([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d+)?([+-]\d\d:\d\d|Z)",
-                     "an ISO 8601 date and time with its offset", 40),
-    "command": text(r"[A-Za-z0-9 ._/=,:+@%'-]+", "a command line of letters, digits, spaces and ._/=,:+@%'-", 2000),
+    "date_utc": DATE, "command": COMMAND,
     "argv": list_of(text(r"[A-Za-z0-9 ._/=,:+@%-]*", "an argument of letters, digits, spaces and ._/=,:+@%-", 500), 200),
-    "git": record({"commit": nullable(text(r"[0-9a-f]{40}|[0-9a-f]{64}", "a hexadecimal git commit", 64)),
-                   "dirty": nullable(BOOLEAN)}),
+    "git": GIT,
     "source_hash": text(r"[0-9a-f]{64}", "a sha256 in hexadecimal", 64),
-    "source_files": mapping(text(r"attention/[A-Za-z0-9_/]+\.py", "a path attention/....py", 200),
-                            text(r"[0-9a-f]{64}", "a sha256 in hexadecimal", 64), 2000),
+    "source_files": SOURCE_FILES,
     "python": VERSION, "platform": text(r"[A-Za-z0-9._+-]+", "a platform of letters, digits and ._+-", 200),
     "torch": VERSION, "cuda": nullable(VERSION), "cudnn": nullable(integer(0, 10**8)), "device": DEVICE,
     "float32_matmul_precision": one_of("highest", "high", "medium"), "load_average_start": LOAD,
-    "load_average_end": LOAD, "duration_s": SECONDS}, optional=("load_average_end", "duration_s"))
+    "load_average_end": LOAD, "duration_s": SECONDS, "refreshes": list_of(REFRESH, 100)},
+    optional=("load_average_end", "duration_s", "refreshes"))
 ENVELOPE = {"schema_version": one_of(SCHEMA_VERSION), "complete": BOOLEAN, "profile": IDENTIFIER,
             "device_type": one_of(*DEVICE_TYPES), "dtype": DTYPE, "provenance": PROVENANCE}
 
@@ -196,6 +204,45 @@ def all_rows(result):
     return [row for name in SWEEPS for row in (section(result, name) or {}).get("rows", [])]
 
 
+def measured_by(name, row):
+    """The modules that measured `row` (of sweep `name`): the sweep's, and those it names as the row's subjects
+    (`subjects(row)`: the class it measured). Its numbers depend on their files and what they import."""
+    from attention.bench import SWEEPS
+
+    sweep = SWEEPS[name]
+    return (sweep.__name__, *getattr(sweep, "subjects", lambda row: [])(row))
+
+
+def stale_rows(result, current=None):
+    """`{sweep name: {row index: [files changed since the row was measured]}}`, only rows with a change: the files
+    `measured_by` it whose hash now (`current`, default `source_files()`) differs from the one recorded for it (the
+    last `provenance.refreshes` entry that measured it again, else the file's `provenance.source_files`)."""
+    from attention.bench import SWEEPS
+
+    current, stale, files = current or source_files(), {}, {}
+    for name in SWEEPS:
+        refreshes = result["provenance"].get("refreshes", [])
+        for index, row in enumerate((section(result, name) or {}).get("rows", [])):
+            recorded = next((refresh["source_files"] for refresh in reversed(refreshes)
+                             if index in refresh["rows"].get(name, [])), result["provenance"]["source_files"])
+            modules = measured_by(name, row)
+            files[modules] = files.get(modules) or dependencies(modules)
+            changed = [path for path in files[modules] if recorded.get(path) != current.get(path)]
+            if changed:
+                stale.setdefault(name, {})[index] = changed
+    return stale
+
+
+def is_stale(result):
+    """True when a row of `result` was measured by code that has changed since (`stale_rows`)."""
+    return bool(stale_rows(result))
+
+
+def changed_sources(result):
+    """The files changed since the stale rows of `result` were measured, sorted (`[]`: the run is current)."""
+    return sorted({path for rows in stale_rows(result).values() for changed in rows.values() for path in changed})
+
+
 def validate(result):
     """Every problem that makes `result` unfit to publish (`[]`: valid): the envelope's rules, a finished run of
     one device type, and each sweep's section (`Sweep.validate`). A run of older sources is valid (and stale)."""
@@ -213,8 +260,11 @@ def validate(result):
     sections = {name: section(result, name) for name in SWEEPS}
     if not any(value is not None for value in sections.values()):
         problems.append("no section of any sweep: " + ", ".join(SWEEPS))
-    return problems + [p for name, found in sections.items() if found is not None
-                       for p in SWEEPS[name].validate(found, result)]
+    problems += [p for name, found in sections.items() if found is not None for p in SWEEPS[name].validate(found, result)]
+    for number_, refresh in enumerate([] if problems else result["provenance"].get("refreshes", [])):
+        problems += [f"provenance.refreshes[{number_}].rows.{name}: {index} is not a row of that section" for name, indices
+                     in refresh["rows"].items() for index in indices if index >= len((sections.get(name) or {}).get("rows", []))]
+    return problems
 
 
 # Every string of a results file, made literal text wherever Markdown or HTML shows it: no tag, entity, link,
@@ -282,20 +332,6 @@ def check_file(path):
     problems += [] if version in MIGRATIONS else validate(result)
     return {"result": None if problems else result, "problems": problems,
             "changed": [] if problems else changed_sources(result)}
-
-
-def check_report(path, checked):
-    """`check_file`'s verdict on `path` in words, as the validator prints it."""
-    result, problems, changed = checked["result"], checked["problems"], checked["changed"]
-    if problems:
-        return f"{path}: NOT valid, {len(problems)} problem(s):\n" + "\n".join(f"  - {problem}" for problem in problems)
-    rows, device = all_rows(result), result["provenance"]["device"]
-    return (f"{path}: valid: {device['type']} ({device['name']}), {result['dtype']}, profile {result['profile']!r}, "
-            f"{len(rows)} rows ({sum(row['status'] == 'ok' for row in rows)} measured), recorded "
-            f"{result['provenance']['date_utc']}\n" + (
-                f"  recorded with older sources ({len(changed)} package file(s) changed since: {', '.join(changed[:6])}"
-                f"{' ...' if len(changed) > 6 else ''}); the pages mark it as such" if changed
-                else "  recorded with the current attention/ sources"))
 
 
 # --- Migration: an older file rewritten mechanically (fields renamed, moved or added as null; no number edited) ---

@@ -26,7 +26,8 @@ log = logging.getLogger("mkdocs.hooks.benchmarks")
 warnings.filterwarnings("ignore", message=r"`torch\.jit\.script_method` is deprecated", category=DeprecationWarning)
 
 from attention import bench  # noqa: E402 - after the filter: the import reaches inductor
-from attention.bench import SWEEPS, profiles, render  # noqa: E402
+from attention.bench import SWEEPS, profiles  # noqa: E402
+from attention import report  # noqa: E402
 from attention.bench.results import escaped, fields_table, section  # noqa: E402
 
 QUICK_TIMEOUT_S, ENV_VAR, ASSETS = 15 * 60, "ATTENTION_BENCH_QUICK_RESULT", "assets/benchmarks"
@@ -69,14 +70,14 @@ def quick_run_path(root):  # the quick run of these sources: .cache/bench/, unde
 def on_pre_build(config):
     root = pathlib.Path(config.config_file_path).resolve().parent
     results_dir = root / "docs" / "results"
-    checked = {path: render.check_file(path) for path in sorted(results_dir.rglob("*.json"))}
-    invalid = [render.check_report(path.relative_to(root).as_posix(), verdict) for path, verdict in checked.items()
+    checked = {path: report.check_file(path) for path in sorted(results_dir.rglob("*.json"))}
+    invalid = [report.check_report(path.relative_to(root).as_posix(), verdict) for path, verdict in checked.items()
                if verdict["problems"]]
     if invalid:
         raise PluginError("results files that are not valid (python -m attention.bench --validate FILE):\n" + "\n".join(invalid))
     shown = re.findall(r"<!-- runs: ([\w-]+) -->", (pathlib.Path(config.docs_dir) / "benchmarks.md").read_text("utf-8"))
     for folder in [results_dir, *(results_dir / name for name in shown if (results_dir / name).is_dir())]:
-        runs = [(path, escaped(checked[path]["result"])) for path in render.find_results(folder)]
+        runs = [(path, escaped(checked[path]["result"])) for path in report.find_results(folder)]
         state["runs"][folder.relative_to(results_dir).as_posix()] = sorted(
             runs, key=lambda run: (run[1]["profile"] != "default", run[1]["dtype"] != "float32"))
     state["recorded"] = state["runs"]["."]
@@ -91,7 +92,7 @@ def on_pre_build(config):
         os.environ.update({ENV_VAR: str(newest_cpu_run()[0])} if newest_cpu_run() else {})
         return
     os.environ[ENV_VAR] = str(out)
-    state["build_result"] = render.load_result(out)
+    state["build_result"] = report.load_result(out)
 
 
 def newest_cpu_run():  # by its recorded date: a clone gives every file one mtime
@@ -99,16 +100,16 @@ def newest_cpu_run():  # by its recorded date: a clone gives every file one mtim
     return max(cpu, key=lambda run: run[1]["provenance"]["date_utc"], default=None)
 
 
-def sweeps_of(result):
-    return {name: sweep for name, sweep in SWEEPS.items() if section(result, name) is not None}
+def sweeps_of(result):  # {sweep name: the module that shows it} for the sweeps the run has
+    return {name: page for name, page in report.PAGES.items() if section(result, name) is not None}
 
 
 def chart_set(slug, result):  # {sweep: {kind: (uri, alt text, png bytes, width in CSS pixels)}}
     from attention.plotting import figure_png
 
     charts = {}
-    for name, sweep in sweeps_of(result).items():
-        for kind, (figure, alt) in sweep.charts(result).items():
+    for name, page in sweeps_of(result).items():
+        for kind, (figure, alt) in page.charts(result).items():
             png, width, _height = figure_png(figure)
             charts.setdefault(name, {})[kind] = (f"{ASSETS}/{slug}-{name}-{kind}.png", alt, png, width)
     return charts
@@ -133,9 +134,9 @@ def images(charts):  # {kind: Markdown image} at the on-page width (the PNG hold
 
 
 def run_body(result, charts, heading=""):  # its sweeps' sections, then what it was measured on
-    sections = [sweep.page(result, images(charts.get(name, {}))) for name, sweep in sweeps_of(result).items()]
-    return "\n\n".join([heading, render.run_line(result), *sections, render.collapsed(
-        "What this run was measured on", render.provenance_summary(result), "info")]).strip()
+    sections = [page.page(result, images(charts.get(name, {}))) for name, page in sweeps_of(result).items()]
+    return "\n\n".join([heading, report.run_line(result), *sections, report.collapsed(
+        "What this run was measured on", report.provenance_summary(result), "info")]).strip()
 
 
 def tab(title, body):
@@ -165,7 +166,7 @@ def benchmark_tabs(_=None):
                for kind in dict.fromkeys([*DEVICES, *(result["device_type"] for _, result in state["recorded"])])}
     for kind in by_type:
         title, _, command = DEVICES.get(kind, (kind.upper(), None, None))
-        bodies = [(f"{render.device_label(r['provenance']['device'])}, {r['dtype']}, {r['profile']} profile",
+        bodies = [(f"{report.device_label(r['provenance']['device'])}, {r['dtype']}, {r['profile']} profile",
                    run_body(r, state["charts"][path.stem], f"**`docs/results/{path.name}`**")) for path, r in by_type[kind]]
         if bodies:  # a tab per file, the only one of its device type too: each is named (device, dtype, profile)
             tabs.append(tab(title, "\n".join(tab(*body) for body in bodies)))
@@ -179,10 +180,10 @@ def benchmark_tabs(_=None):
 def fastest_section(_=None):
     runs = ([] if state["build_result"] is None else [("CPU, this build (quick)", state["build_result"])]) + [
         (f"`{path.name}`", result) for path, result in state["recorded"]]
-    parts = [render.devices_line(runs)]
+    parts = [report.devices_line(runs)]
     for index, (name, result) in enumerate(runs):
-        body = f"{render.run_line(result)}\n\n{render.fastest_table(result)}"
-        parts.append(render.collapsed(f"{name}: {render.device_label(result['provenance']['device'])}, {result['dtype']}, "
+        body = f"{report.run_line(result)}\n\n{report.fastest_table(result)}"
+        parts.append(report.collapsed(f"{name}: {report.device_label(result['provenance']['device'])}, {result['dtype']}, "
                                f"{result['profile']} profile", body).replace("???", "???+" if index == 0 else "???", 1))
     return "\n\n".join(parts)
 
@@ -192,22 +193,22 @@ def short_answer(_=None):
     blocks = []
     for result in (result for _, result in state["recorded"] if result["profile"] == "default"):
         config = result["config"]  # indented below to stay inside the admonition that holds the placeholder
-        blocks.append(f"On {render.device_label(result['provenance']['device'])} in {result['dtype']} (B={config['batch']}, "
+        blocks.append(f"On {report.device_label(result['provenance']['device'])} in {result['dtype']} (B={config['batch']}, "
                       f"T={config['seq_len']}, recorded {result['provenance']['date_utc'][:10]}"
-                      + (", predates the current code" if render.is_stale(result) else "") + "):\n\n" + "\n".join(
-                          f"    * {render.MODE_TITLES[entry['mode']]}: {render.fastest_cell(entry)}"
-                          for entry in render.fastest(result) if (entry["batch"], entry["seq_len"], entry["compiled"])
+                      + (", predates the current code" if report.is_stale(result) else "") + "):\n\n" + "\n".join(
+                          f"    * {report.MODE_TITLES[entry['mode']]}: {report.fastest_cell(entry)}"
+                          for entry in report.fastest(result) if (entry["batch"], entry["seq_len"], entry["compiled"])
                           == (config["batch"], config["seq_len"], False)))
     return "\n\n    ".join(blocks) or "No default-profile run is recorded yet; see [Benchmarks](benchmarks.md)."
 
 
 def dtype_section(_=None):
     """bfloat16 against float32 for every device (by identity) with recorded runs of one profile in both dtypes."""
-    parts = [part for fp32, bf16 in render.dtype_pairs(state["recorded"]) for part in [
-        f"**{render.device_label(fp32['provenance']['device'])}** ({fp32['profile']} profile; float32 recorded "
+    parts = [part for fp32, bf16 in report.dtype_pairs(state["recorded"]) for part in [
+        f"**{report.device_label(fp32['provenance']['device'])}** ({fp32['profile']} profile; float32 recorded "
         f"{fp32['provenance']['date_utc'][:10]}, bfloat16 {bf16['provenance']['date_utc'][:10]}). "
-        + render.dtype_comparison_table(fp32, bf16)] + [render.dtype_verdict(fp32, bf16, mode) for mode in
-                                                        render.dtype_comparison(fp32, bf16)["modes"]]]
+        + report.dtype_comparison_table(fp32, bf16)] + [report.dtype_verdict(fp32, bf16, mode) for mode in
+                                                        report.dtype_comparison(fp32, bf16)["modes"]]]
     return "\n\n".join(parts + ["Why, measured piece by piece (the projections' matmuls, the attention core, the softmax): "
                                 "[bfloat16 on a CPU](examples/benchmark.py#bfloat16-on-a-cpu)."]) if parts else \
         "No device has recorded runs in both float32 and bfloat16 yet."
@@ -216,12 +217,12 @@ def dtype_section(_=None):
 def headline_charts(_=None):
     """One tab per device type with the bar chart at the headline shape (the build's run, then recorded runs)."""
     build = state["build_result"]
-    tabs = [tab("CPU, this build", NOT_MEASURED if build is None else f"{render.run_line(build)}\n\n"
+    tabs = [tab("CPU, this build", NOT_MEASURED if build is None else f"{report.run_line(build)}\n\n"
                 + images(state["charts"]["build"]["sequence"])["bars"])]
     for kind, (title, _, _) in DEVICES.items():
         path, result = next(((path, result) for path, result in state["recorded"] if result["device_type"] == kind),
                             (None, None))
-        tabs += [tab(title, f"{render.run_line(result)}\n\n" + images(state["charts"][path.stem]["sequence"])["bars"])
+        tabs += [tab(title, f"{report.run_line(result)}\n\n" + images(state["charts"][path.stem]["sequence"])["bars"])
                  if result else tab(title, "No recorded run yet: see [Benchmarks](benchmarks.md) for how to make one.")]
     return "\n".join(tabs) + "\nFull tables, sweeps and provenance: [Benchmarks](benchmarks.md).\n"
 
@@ -235,9 +236,9 @@ def record_commands(_=None):  # the file on a line of its own, for phones
 PLACEHOLDERS = {
     "add-your-device.md": {
         "<!-- record-commands -->": record_commands,
-        "<!-- record-duration -->": lambda _: f"The runs recorded for this site took: {profiles.recorded_durations()}.",
-        "<!-- validate-example -->": lambda _: "```text\n" + "\n".join(render.check_report(
-            f"docs/results/{path.name}", render.check_file(path)) for path, _ in state["recorded"]) + "\n```"},
+        "<!-- record-duration -->": lambda _: f"The runs recorded for this site took: {report.recorded_durations()}.",
+        "<!-- validate-example -->": lambda _: "```text\n" + "\n".join(report.check_report(
+            f"docs/results/{path.name}", report.check_file(path)) for path, _ in state["recorded"]) + "\n```"},
     "benchmark-schema.md": {r"<!-- fields: (\w+) -->": lambda match: fields_table(SWEEPS[match[1]].Row)},
     "benchmarks.md": {r"<!-- runs: ([\w-]+) -->": lambda match: runs_section(match[1]), "<!-- benchmark-tabs -->":
                       benchmark_tabs, "<!-- fastest -->": fastest_section, "<!-- dtype-comparison -->": dtype_section},

@@ -17,7 +17,7 @@ also becomes the site's `repo_url` (the repository link in the header).
 * `<!-- class-limits -->` (index.md): which registered classes refuse which constructor arguments,
   found by building each class with them and catching the error it raises.
 * `<!-- decision-table -->` (index.md): which class to use per use and device, read from the
-  recorded results files (`attention.prose.decision_table`).
+  recorded results files (`attention.decision.decision_table`).
 * `<!-- registry-table -->` (api/registry.md): every registered name, its class, file and summary.
 * `<!-- output -->` (any page): the standard output of the page's ```python blocks above it, run in
   one namespace per page from the repository root (the tests run the same blocks the same way), shown
@@ -172,15 +172,15 @@ def registry_table():
 
 def decision_table(results_dir):
     """The home page's table, from every recorded results file (default, decode and long profiles)."""
-    from attention import prose
-    from attention.bench import render
+    from attention import report
+    from attention.report import decision
 
     def named(directory):
-        return [(path.name, render.load_result(path)) for path in render.find_results(directory)]
+        return [(path.name, report.load_result(path)) for path in report.find_results(directory)]
 
     runs = [(name, result) for name, result in named(results_dir) if result["config"]["profile"] == "default"]
-    return prose.decision_table(prose.split_by_device(runs), prose.split_by_device(named(results_dir / "decode")),
-                                prose.split_by_device(named(results_dir / "long")))
+    return decision.decision_table(decision.split_by_device(runs), decision.split_by_device(named(results_dir / "decode")),
+                                   decision.split_by_device(named(results_dir / "long")))
 
 
 def snippet_outputs(markdown, root, where):
@@ -221,11 +221,11 @@ def on_page_markdown(markdown, page, config, files):
     root = pathlib.Path(state["root"] or os.path.dirname(os.path.abspath(config.config_file_path)))
     uri = page.file.src_uri
     if uri == "getting-started.md":
-        from attention.bench import render
+        from attention import report
 
         source = state["source"] or repository_source(root)
         floor, pin = torch_versions(root)
-        markdown = (markdown.replace("<!-- quick-profile -->", render.quick_profile_summary())
+        markdown = (markdown.replace("<!-- quick-profile -->", report.quick_profile_summary())
                     .replace("<!-- install-lines -->", install_lines(source))
                     .replace("<!-- torch-floor -->", floor).replace("<!-- torch-pin -->", pin))
     elif uri == "index.md":

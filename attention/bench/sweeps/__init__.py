@@ -1,9 +1,11 @@
-"""The benchmark's sweeps, one file each, reading top to bottom: config -> cases -> `Row` -> run -> tables/charts.
+"""The benchmark's sweeps, one file each, reading top to bottom: config -> cases -> `Row` -> run -> validate.
 
 `Sweep` is the contract every file here keeps, written once. A sweep never imports another: they share
 `attention.bench.core` (envelope, `measure`, failure path, yardsticks, memory budget), `results` (the schema's
-rules), `format` and `metrics`. Adding one is a file here and its line in `attention.bench.SWEEPS`: it then runs
-as `--profile <NAME>`, validates, and shows on the Benchmarks page where `<!-- runs: <NAME> -->` stands.
+rules) and `metrics`. What a run shows (tables, charts, the Benchmarks page's section) is `attention.report`'s,
+one module per sweep there. Adding a sweep is a file here, its line in `attention.bench.SWEEPS` and its module in
+`attention.report.PAGES`: it then runs as `--profile <NAME>`, validates, and shows where `<!-- runs: <NAME> -->`
+stands on the Benchmarks page.
 """
 
 from typing import Protocol, runtime_checkable
@@ -15,6 +17,7 @@ class Sweep(Protocol):
 
     * `NAME`: its key in `SWEEPS`, and its section of a results file: `result[NAME]` (the sequence sweep's is
       the file's top level, where it has always been).
+    * `KEY`: the row fields that tell one row of the section from another (what `--refresh` replaces).
     * `Config`: a dataclass of what it measures, every field with a default; a profile (`profiles.PROFILES`)
       overrides some, and so do command-line options of the same name (or renamed by `Config.OPTIONS`,
       `{option: field}`). `config.resolve(device)` returns a copy with the device's defaults filled in, and
@@ -26,22 +29,18 @@ class Sweep(Protocol):
       number of rows to come), one row at a time through `core.measure` and `envelope.add`.
     * `validate(section, result) -> list[str]`: the section against its rules, then what rules cannot see,
       each derived number recomputed from the row's own; every problem a sentence naming the field.
-    * `tables(result) -> str`: Markdown, what the command line prints after a run.
-    * `charts(result) -> {kind: (Figure, alt text)}`: matplotlib figures, drawn without pyplot.
-    * `page(result, images) -> str`: the Benchmarks page's Markdown for one run (`images`: kind -> the
-      Markdown image of that chart).
+
+    Optional: `subjects(row)`, the modules a row measured beyond the sweep's own (its class: a row's numbers
+    depend on the files these and the sweep's module import, `attention.bench.results.measured_by`);
+    `for_rows(config, rows)`, the config narrowed to what measures `rows` again; `finish(section)`, what a section
+    derives from all its rows (run after `run`, and after `--refresh` replaced some).
     """
 
     NAME: str
+    KEY: tuple
     Config: type
     Row: type
 
     def run(self, config, envelope) -> None: ...
 
     def validate(self, section: dict, result: dict) -> list: ...
-
-    def tables(self, result: dict) -> str: ...
-
-    def charts(self, result: dict) -> dict: ...
-
-    def page(self, result: dict, images: dict) -> str: ...

@@ -18,13 +18,13 @@ import torch
 import torch.nn.functional as F
 
 from attention.bench import core, metrics
-from attention.bench.format import collapsed, mebibytes, number, percent, status_cell, table, title_suffix
 from attention.bench.results import (BYTES, MAX_ROWS, POSITIVE, PROSE, SECONDS, disordered, field_rules, integer,
                                      list_of, mapping, mismatches, new_row, number as finite, one_of, record, rule_of)
 from attention.masks import and_masks, bigbird, block_mask, causal, dense_mask, document, sliding_window
 from attention.reference import reference_kernel
 
 NAME = "block_sparse"
+KEY = ("pattern", "kernel", "seq_len")  # what tells a row apart in its section
 KERNELS = {"flex_block_mask": "FlexAttention + BlockMask", "sdpa_dense_mask": "SDPA + dense mask"}
 CHECKED_QUERIES = 64
 BLOCK = 128  # FlexAttention's default block side on every device here
@@ -179,111 +179,3 @@ def validate(section, result):
             expected |= core.matmul_rates(row)
         problems += mismatches(where, row, expected)
     return problems
-
-
-def block_sparse_rows(result, pattern=None):
-    """The run's block-sparse rows (of one `pattern`, or all); `[]` for runs without them."""
-    return [row for row in (result.get(NAME) or {}).get("rows", []) if pattern in (None, row["pattern"])]
-
-
-def pairs_by_length(result, pattern):
-    """`{seq_len: {kernel: row}}` of one pattern, lengths ascending."""
-    return core.nested(block_sparse_rows(result, pattern), "seq_len", "kernel")
-
-
-def crossovers(result):
-    """Per pattern, where the block-sparse kernel overtakes the dense mask, read from the measurements:
-    `{pattern: {"crossover", "longest", "speedup", "block_share", "mask_density", "flex_ms", "dense_ms"}}`;
-    `crossover` is the shortest length from which FlexAttention is faster at that length and every longer
-    one (None if not at the longest); `speedup` the dense time over Flex's at the longest length both ran."""
-    found = {}
-    for pattern in (result.get(NAME) or {}).get("patterns", {}):
-        both = [(t, pair["flex_block_mask"], pair["sdpa_dense_mask"]) for t, pair in pairs_by_length(result, pattern).items()
-                if core.usable(pair.get("flex_block_mask")) and core.usable(pair.get("sdpa_dense_mask"))]
-        if not both:
-            continue
-        crossover = None
-        for t, flex, dense in reversed(both):
-            if flex["ms_median"] >= dense["ms_median"]:
-                break
-            crossover = t
-        longest, flex, dense = both[-1]
-        found[pattern] = dict(crossover=crossover, longest=longest, speedup=dense["ms_median"] / flex["ms_median"],
-                              block_share=flex["block_share"], mask_density=flex["mask_density"],
-                              flex_ms=flex["ms_median"], dense_ms=dense["ms_median"])
-    return found
-
-
-def crossover_table(result):
-    """Per pattern: the crossover length, and the speed-up and block share at the longest length."""
-    return table(["pattern", "Flex faster from", "at T", "blocks computed", "pairs attended", "Flex ms", "dense SDPA ms",
-                  "speed-up"], [[pattern, f"T={found['crossover']}" if found["crossover"] else "not within the lengths "
-                                 "measured", found["longest"], percent(found["block_share"]), percent(found["mask_density"]),
-                                 number(found["flex_ms"]), number(found["dense_ms"]), f"{found['speedup']:.2f}x"]
-                                for pattern, found in crossovers(result).items()])
-
-
-def block_sparse_table(result, pattern=None):
-    """Per pattern and length: both kernels' median time, the speed-up, blocks computed and memory."""
-    patterns, parts = (result.get(NAME) or {}).get("patterns", {}), []
-    for name in [pattern] if pattern else patterns:
-        lines = []
-        for t, pair in pairs_by_length(result, name).items():
-            flex, dense = pair.get("flex_block_mask"), pair.get("sdpa_dense_mask")
-            memory = lambda r: f"{mebibytes(r['peak_memory_bytes'])} ({mebibytes(r['mask_bytes'])})"  # noqa: E731
-            lines.append([t, percent((flex or dense)["mask_density"]), percent(flex["block_share"]) if flex else "—",
-                          status_cell(flex, lambda r: number(r["ms_median"])), status_cell(dense, lambda r: number(r["ms_median"])),
-                          f"{dense['ms_median'] / flex['ms_median']:.2f}x" if core.usable(flex) and core.usable(dense)
-                          else "—",
-                          status_cell(flex, memory), status_cell(dense, memory)])
-        parts.append(f"**{name}**: {patterns[name]}\n\n" + table(
-            ["T", "pairs attended", "blocks computed", "Flex ms", "dense SDPA ms", "speed-up", "Flex MiB (BlockMask)",
-             "dense MiB (mask)"], lines, "r" * 8))
-    return "\n\n".join(parts)
-
-
-def plot_block_sparse(result):
-    """Per pattern, both kernels' median time against T (log-log), the crossover marked."""
-    from matplotlib.figure import Figure
-
-    section = result.get(NAME) or {}
-    patterns, found = list(section.get("patterns", {})), crossovers(result)
-    fig = Figure(figsize=(9, 3.4 * max(1, math.ceil(len(patterns) / 2))))
-    axes = fig.subplots(max(1, math.ceil(len(patterns) / 2)), 2, squeeze=False).ravel()
-    for ax, pattern in zip(axes, patterns):
-        for kernel, marker in zip(KERNELS, "os"):
-            points = [(t, pair[kernel]["ms_median"]) for t, pair in pairs_by_length(result, pattern).items()
-                      if core.usable(pair.get(kernel))]
-            if points:
-                ax.plot(*zip(*points), marker=marker, markersize=4, label=KERNELS[kernel])
-        if found.get(pattern, {}).get("crossover"):
-            crossover = found[pattern]["crossover"]
-            ax.axvline(crossover, color="k", linestyle=":", linewidth=1, label=f"Flex faster from T={crossover}")
-        ax.set_xscale("log", base=2)
-        ax.set(yscale="log", title=pattern, xlabel="sequence length T", ylabel="ms per call (median)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    for ax in axes[len(patterns):]:
-        ax.set_visible(False)
-    fig.suptitle(f"Block-sparse FlexAttention against a dense SDPA mask, forward, B={section.get('batch')}, "
-                 f"{section.get('num_heads')} heads of {section.get('head_dim')}: {title_suffix(result)}", fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def charts(result):
-    return {"block-sparse": (plot_block_sparse(result), "FlexAttention with a BlockMask against SDPA with a dense mask, "
-                                                        f"time against sequence length per mask pattern, {title_suffix(result)}")}
-
-
-def tables(result):
-    return crossover_table(result) + "\n\n" + block_sparse_table(result)
-
-
-def page(result, images):
-    section = result[NAME]
-    return "\n\n".join([
-        f"Block sparsity, forward, batch {section['batch']}, {section['num_heads']} heads of {section['head_dim']}: "
-        "where FlexAttention with a `BlockMask` overtakes SDPA with the same mask as a dense boolean tensor, read from "
-        "the measurements.", crossover_table(result), *images.values(),
-        collapsed("Every length, both kernels", block_sparse_table(result))])

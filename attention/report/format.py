@@ -1,14 +1,14 @@
 """Words and numbers for the tables (number formats, the device's identity, Markdown blocks, the provenance
 note), so that a number or a device reads the same everywhere. Nothing here measures; strings from a results file
-arrive escaped (`results.escaped`)."""
+arrive escaped (`attention.bench.results.escaped`)."""
 
 import math
 import re
 import textwrap
 
 from attention.bench.metrics import CONTENDED_BELOW
-from attention.bench.provenance import changed_sources, cpu_features_label, is_stale
-from attention.bench.results import all_rows
+from attention.bench.provenance import cpu_features_label
+from attention.bench.results import all_rows, changed_sources, is_stale
 
 MODE_TITLES = {"forward": "forward", "forward_backward": "forward + backward"}
 
@@ -21,6 +21,14 @@ def number(value, digits=3):
         return "0"
     decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
     return f"{value:,.{decimals}f}"
+
+
+def nested(rows, outer, inner):
+    """`{row[outer]: {row[inner]: row}}` of `rows`, the outer keys ascending (a sweep's rows by size, then by kernel)."""
+    grouped = {}
+    for row in rows:
+        grouped.setdefault(row[outer], {})[row[inner]] = row
+    return dict(sorted(grouped.items()))
 
 
 def mebibytes(value):

@@ -259,7 +259,7 @@ def custom_mask_sentence(run_name, stale, rows, score_tensor_mib):
     mask_cheaper = mask_ms < flex_ms and mask_mib < flex_mib
     evidence = (f" (the multi-head classes in the same run: `sdpa_mask`, a boolean mask through SDPA, trains in "
                 f"{mask_ms:,.0f} ms and {mask_mib:,.0f} MiB, `flex` in {flex_ms:,.0f} ms and {flex_mib:,.0f} MiB)")
-    advice = ((f"So on a CPU `gqa_flex` suits a custom mask or score for inference; to train with a mask, pass it as a "
+    advice = (("So on a CPU `gqa_flex` suits a custom mask or score for inference; to train with a mask, pass it as a "
                "boolean `attn_mask` to SDPA with `enable_gqa=True` (the `gqa` class's kernel call, with the mask in "
                "place of `is_causal=True`)" + evidence + ". On a GPU, FlexAttention compiles its backward too; no "
                "GPU run is recorded yet.") if training_dearer and mask_cheaper else
@@ -272,119 +272,6 @@ def custom_mask_sentence(run_name, stale, rows, score_tensor_mib):
 # --- The home page: which class to use, from the recorded runs ------------------------------------------
 
 # The devices of the decision table's columns: results files' `device_type`, and the column title.
-DECISION_DEVICES = {"cpu": "CPU", "cuda": "NVIDIA GPU"}
-NOT_MEASURED = "not measured yet"
-
-
-def _winners(runs, mode):
-    """`{class label: [file label, ...]}`: the fastest correct class at each run's headline shape in `mode`,
-    ties named with it."""
-    from attention.bench import render
-
-    winners = {}
-    for name, result in runs:
-        config = result["config"]
-        for entry in render.fastest(result):
-            if (entry["mode"], entry["batch"], entry["seq_len"], entry["compiled"]) != (
-                    mode, config["batch"], config["seq_len"], False):
-                continue
-            best = f"`{entry['fastest']['label']}`"
-            if entry["tied"]:
-                best += " (tied: " + ", ".join(f"`{row['label']}`" for row in entry["tied"]) + ")"
-            winners.setdefault(best, []).append(file_label(name, render.is_stale(result)))
-    return winners
-
-
-def _winners_cell(runs, mode):
-    winners = _winners(runs, mode)
-    if not winners:
-        return NOT_MEASURED
-    return "; ".join(f"{best}, fastest in {', '.join(files)}" for best, files in winners.items())
-
-
-def _pair_cell(runs, faster_label, slower_label):
-    """Training time of two classes in each run that has both, at its headline shape."""
-    from attention.bench import render
-
-    cells = []
-    for name, result in runs:
-        rows = {row["label"]: row for row in render.shape_rows(result, "forward_backward")
-                if row["status"] == "ok" and row["correct"] is True and not row["compiled"]}
-        if faster_label in rows and slower_label in rows:
-            a, b = rows[faster_label], rows[slower_label]
-            first, second = (a, b) if a["ms_median"] <= b["ms_median"] else (b, a)
-            cells.append(f"`{first['label']}` (training {first['ms_median']:,.0f} ms against `{second['label']}`'s "
-                         f"{second['ms_median']:,.0f}) in {file_label(name, render.is_stale(result))}")
-    return "; ".join(cells) or NOT_MEASURED
-
-
-def _decode_cell(decode_runs):
-    from attention.bench import render
-
-    cells = []
-    for name, result in decode_runs:
-        rows = render.decode_rows(result, batch=1, model="GQA")
-        if not rows:
-            continue
-        context = max(row["context"] for row in rows)
-        by_kernel = {row["kernel"]: row for row in rows if row["context"] == context}
-        best = max(by_kernel.values(), key=lambda row: row["tokens_per_s"])
-        others = ", ".join(f"`{kernel}` {row['tokens_per_s']:,.0f}" for kernel, row in by_kernel.items()
-                           if row is not best)
-        cells.append(f"`gqa` with `decode_kernel=\"{best['kernel']}\"`: {best['tokens_per_s']:,.0f} tokens/s at a "
-                     f"{context:,}-token cache, batch 1 (" + (f"{others}; " if others else "")
-                     + f"{file_label(name, render.is_stale(result))})")
-    return "; ".join(cells) or NOT_MEASURED
-
-
-def _mask_cell(long_runs):
-    from attention.bench import render
-
-    cells = []
-    for name, result in long_runs:
-        found = render.crossovers(result)
-        if not found:
-            continue
-        sparse = [f"{pattern.replace('_', ' ')} from `T = {entry['crossover']:,}`"
-                  for pattern, entry in found.items() if entry["crossover"] and pattern != "causal"]
-        never = [pattern.replace("_", " ") for pattern, entry in found.items() if not entry["crossover"]]
-        cell = ("`sdpa_mask` or `MultiHeadAttention` (a boolean mask through SDPA) for short sequences; "
-                "`flex` with a `BlockMask` once it skips enough blocks: " + ", ".join(sparse))
-        if never:
-            cell += f" (not within the lengths measured: {', '.join(never)})"
-        cells.append(cell + f", forward, in {file_label(name, render.is_stale(result))}")
-    return "; ".join(cells) or NOT_MEASURED
-
-
-def decision_table(runs, decode_runs, long_runs):
-    """Markdown: the home page's "Which one should I use?" table, one row per use and one column per device
-    type, each cell read from the recorded runs of that device (`[(file name, result), ...]` each: default
-    profile, decode profile, long profile) and naming them, or "not measured yet"."""
-    rows = {
-        "Training (forward + backward)": lambda kind: _winners_cell(runs[kind], "forward_backward"),
-        "Prefill (a prompt's forward pass, no cache yet)": lambda kind: _winners_cell(runs[kind], "forward"),
-        "Decoding with a KV cache": lambda kind: _decode_cell(decode_runs[kind]),
-        "A GQA model (fewer K/V heads)": lambda kind: _pair_cell(runs[kind], "gqa", "gqa_flex"),
-        "A custom mask": lambda kind: _mask_cell(long_runs[kind]),
-    }
-    header = "| You want | " + " | ".join(DECISION_DEVICES.values()) + " |"
-    lines = [header, "|---|" + "---|" * len(DECISION_DEVICES)]
-    for use, cell in rows.items():
-        lines.append(f"| {use} | " + " | ".join(cell(kind) for kind in DECISION_DEVICES) + " |")
-    return "\n".join(lines)
-
-
-def split_by_device(named_results):
-    """`{device type: [(name, result), ...]}` for every `DECISION_DEVICES` type (empty where none)."""
-    split = {kind: [] for kind in DECISION_DEVICES}
-    for name, result in named_results:
-        split.setdefault(result["device_type"], []).append((name, result))
-    return split
-
-
-# --- KV cache page: the attention of one decode step -----------------------------------------------------
-
-
 def decode_kernels_sentence(ms, kernels, models=("MHA", "GQA", "MQA")):
     """Which attention kernel was fastest per model, and how each kernel's time fell with the cache.
 

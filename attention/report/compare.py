@@ -1,13 +1,14 @@
 """Runs compared with each other (for the pages; nothing measured): the same profile in two dtypes, and the
 same profile twice, to see how far each class's share of the matmul rate moves between runs."""
 
-from attention.bench.format import MODE_TITLES, device_label, number, percent, table
-from attention.bench.sweeps.sequence import ranked, shape_rows
+from attention.bench.core import usable
+from attention.report.format import MODE_TITLES, device_label, number, percent, table
+from attention.report.sequence import shape_rows
 
 
 def headline_rows(result, mode):
-    """`{label: row}` of the ranked (correct) rows at the headline shape in `mode`."""
-    return {row["label"]: row for row in shape_rows(result, mode) if ranked(row)}
+    """`{label: row}` of the usable (correct) rows at the headline shape in `mode`."""
+    return {row["label"]: row for row in shape_rows(result, mode) if usable(row)}
 
 
 def share_stability(first, second):

@@ -1,0 +1,73 @@
+"""What a results file shows: tables, charts, page sections and the sentences written from measured numbers.
+
+The benchmark (`attention.bench`) measures and writes results files; this package only reads them, so a new column, a
+colour or a sentence here changes no measurement and stales no recorded run (the provenance hash never covers this
+folder). Nothing under `attention/` imports it but the benchmark's command line, which prints what it measured.
+
+`PAGES` maps each sweep's name to its module here: `tables(result)` (what the command line prints),
+`charts(result)` (`{kind: (Figure, alt text)}`) and `page(result, images)` (its section of the Benchmarks page).
+The names below are the face the pages and the docs hooks read from; results files are read with `load_result`,
+which escapes every string in them for Markdown and HTML.
+"""
+
+import dataclasses
+
+from attention.bench.profiles import quick_config
+
+from attention.bench.results import (RESULTS_DIR, all_rows, changed_sources, check_file, find_results, is_stale,  # noqa: F401
+                                     load_result, stale_rows, validate as validate_result)
+from attention.report import block_sparse, decode, prefill, ring, sequence
+from attention.report.block_sparse import (block_sparse_rows, block_sparse_table, crossover_table,  # noqa: F401
+                                           crossovers, plot_block_sparse)
+from attention.report.compare import (dtype_comparison, dtype_comparison_table, dtype_pairs, dtype_verdict,  # noqa: F401
+                                      share_stability, share_stability_table)
+from attention.report.decode import (bandwidth_note, decode_best, decode_rows, decode_summary_table,  # noqa: F401
+                                     decode_table, plot_decode, share_words, shown_share)
+from attention.report.format import (MODE_TITLES, collapsed, device_label, devices_line, mebibytes, number,  # noqa: F401
+                                     percent, provenance_summary, run_line, table)
+from attention.report.sequence import (fastest, fastest_cell, fastest_table, markdown_tables, memory_slope_table,  # noqa: F401
+                                       memory_slopes, plot_bars, plot_memory_vs_seq_len, plot_time_vs_seq_len,
+                                       results_table, shape_rows, slower_by, sweep_rows, sweep_table, tied)
+
+# sweep name (`attention.bench.SWEEPS`) -> the module that shows its results
+PAGES = {"sequence": sequence, "block_sparse": block_sparse, "decode": decode, "ring": ring, "prefill": prefill}
+
+
+def profile_summary(config):
+    """A sequence run's sizes and timing in words, from its config (a file's `config`, or a `Config` as a dict)."""
+    lengths = ", ".join(str(t) for t in config["seq_lens"] or ())
+    shape = (f"batch {config['sweep_batch']}, `T` = {lengths}" if lengths
+             else f"batch {config['batch']}, `T` = {config['seq_len']}")
+    return (f"{shape}, d_model {config['d_model']}, {config['num_heads']} heads, timing of at least "
+            f"{config['min_run_time']} s and {config['min_repeats']} repeats per row")
+
+
+def quick_profile_summary():
+    """The quick profile in words, from its preset."""
+    return profile_summary(dataclasses.asdict(quick_config()))
+
+
+def recorded_durations():
+    """How long each profile's runs recorded in docs/results/ took, in words."""
+    runs = {}
+    for folder in [RESULTS_DIR, *sorted(path for path in RESULTS_DIR.glob("*") if path.is_dir())]:
+        for path in find_results(folder):
+            result = load_result(path)
+            runs.setdefault(result["profile"], []).append(
+                f"{result['provenance']['duration_s'] / 60:.0f} min ({device_label(result['provenance']['device'])}"
+                f", {result['provenance']['device']['cpu_count']} cores, {result['dtype']})")
+    return "; ".join(f"{name}: {', '.join(times)}" for name, times in runs.items()) or "none recorded in this checkout"
+
+
+def check_report(path, checked):
+    """`attention.bench.results.check_file`'s verdict on `path` in words, as the validator prints it."""
+    result, problems, changed = checked["result"], checked["problems"], checked["changed"]
+    if problems:
+        return f"{path}: NOT valid, {len(problems)} problem(s):\n" + "\n".join(f"  - {problem}" for problem in problems)
+    rows, device = all_rows(result), result["provenance"]["device"]
+    return (f"{path}: valid: {device['type']} ({device['name']}), {result['dtype']}, profile {result['profile']!r}, "
+            f"{len(rows)} rows ({sum(row['status'] == 'ok' for row in rows)} measured), recorded "
+            f"{result['provenance']['date_utc']}\n" + (
+                f"  recorded with older sources ({len(changed)} package file(s) changed since: {', '.join(changed[:6])}"
+                f"{' ...' if len(changed) > 6 else ''}); the pages mark it as such" if changed
+                else "  recorded with the current attention/ sources"))

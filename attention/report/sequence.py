@@ -1,0 +1,303 @@
+"""The sequence sweep's results shown: rows by shape, the fastest and the ties, tables, charts and its section of
+the Benchmarks page (the sweep itself: `attention.bench.sweeps.sequence`).
+"""
+
+import math
+import re
+
+from attention.bench import metrics
+from attention.bench.core import usable
+from attention.report.format import MODE_TITLES, collapsed, mebibytes, number, percent, status_cell, table, title_suffix
+
+# --- Reading a run: rows by shape, the fastest and the ties ---------------------------------------------------------
+
+def shape_rows(result, mode, batch=None, seq_len=None):
+    """Rows of one mode at one `(batch, seq_len)`; default the headline shape."""
+    shape = (mode, batch or result["config"]["batch"], seq_len or result["config"]["seq_len"])
+    return [r for r in result["rows"] if (r["mode"], r["batch"], r["seq_len"]) == shape]
+
+
+def sweep_rows(result, mode):
+    """Rows of the length sweep (`config.sweep_batch`, each of `config.seq_lens`) in `mode`."""
+    config = result["config"]
+    return [r for r in result["rows"] if r["mode"] == mode and r["batch"] == config["sweep_batch"]
+            and r["seq_len"] in (config["seq_lens"] or [])]
+
+
+def fewer_kv_heads(row):
+    """True for a grouped-query or multi-query row: another model (smaller K/V projections) than the multi-head
+    classes it is timed beside."""
+    return row.get("num_kv_heads") is not None and row["num_kv_heads"] != row["num_heads"]
+
+
+def matmul_share(row):
+    """The row's share of the matmul rate: the paired one where the run has it, else the run-level one."""
+    paired = row.get("share_of_paired_matmul")
+    return row.get("share_of_matmul_peak") if paired is None else paired
+
+
+def drift_free(row, key="ms_median"):
+    """`row[key]` (a time) at one machine speed: times the matmul rate timed beside the row (the paired yardstick),
+    so rows timed minutes apart on a machine whose speed drifts compare as if timed together (only ratios between
+    rows mean something). Runs without the paired rate: the time as is."""
+    return row[key] * (row.get("matmul_tflops_paired") or 1.0)
+
+
+def tied(row, other):
+    """True when the run cannot tell two rows apart: their IQRs, corrected for the drift (`drift_free`), overlap."""
+    return drift_free(row, "ms_q1") <= drift_free(other, "ms_q3") and drift_free(other, "ms_q1") <= drift_free(row, "ms_q3")
+
+
+def slower_by(row, fastest_row):
+    """How much slower `row` is than `fastest_row`, drift-corrected, as "+14%"."""
+    return f"+{(drift_free(row) / drift_free(fastest_row) - 1) * 100:.0f}%"
+
+
+def fastest(result):
+    """Per shape (by batch, then length) and mode: the fastest correct row by drift-corrected median, the rows tied
+    with it and the next one, `{mode, batch, seq_len, compiled, fastest, tied, next}`. Rows with fewer K/V heads
+    (another model) do not compete."""
+    groups = {}
+    for row in (row for row in result["rows"] if usable(row) and not fewer_kv_heads(row)):
+        groups.setdefault((row["batch"], row["seq_len"], row["mode"], row["compiled"]), []).append(row)
+    summary = []
+    for (batch, seq_len, mode, compiled), rows in sorted(groups.items(), key=lambda item: item[0][:2]):
+        best, *rest = sorted(rows, key=drift_free)
+        after = [r for r in rest if not tied(r, best)]
+        summary.append(dict(mode=mode, batch=batch, seq_len=seq_len, compiled=compiled, fastest=best,
+                            tied=[r for r in rest if tied(r, best)], next=(after or [None])[0]))
+    return summary
+
+
+# --- Tables and charts ----------------------------------------------------------------------------------------------
+
+def verdict(row):
+    if row["status"] != "ok":
+        return f"{row['status']}: {row['reason']}"
+    if row["correct"] is False:
+        return f"**no** ({'max abs error %.2g' % row['max_abs_error'] if row['max_abs_error'] is not None else row['reason']})"
+    return "yes" if row["correct"] else "unchecked" + (f": {row['reason']}" if row["reason"] else "")
+
+
+def results_table(result, mode="forward", batch=None, seq_len=None):
+    """Every class at one shape (default the headline) in `mode`: rank, median ms, IQR, TFLOP/s, % of the paired
+    matmul, peak MiB, SDPA backend, compile s, correct. Correct rows first, by median; the others unranked. A note
+    names rows measured on a contended CPU."""
+    rows = shape_rows(result, mode, batch, seq_len)
+    order = sorted(filter(usable, rows), key=lambda r: r["ms_median"]) + [r for r in rows if not usable(r)]
+    lines = table(["#", "implementation", "ms (median)", "IQR ms", "TFLOP/s", "% of matmul", "peak MiB", "SDPA backend",
+                   "compile s", "correct"], [
+        [index + 1 if usable(row) else "", f"`{row['label']}`", number(row["ms_median"]), number(row["ms_iqr"], 2),
+         number(row["tflops"]), percent(matmul_share(row)), mebibytes(row["peak_memory_bytes"]),
+         ", ".join(row["sdpa_backends"] or ["—"]), number(row["compile_s"], 2), verdict(row)]
+        for index, row in enumerate(order)], "rlrrrrrlrl")
+    contended = [r for r in rows if (r["cpu_utilization"] or 1.0) < metrics.CONTENDED_BELOW]
+    return lines + (f"\n\nMeasured while other processes competed for the CPU (share of its threads' time this process "
+                    f"got, below {metrics.CONTENDED_BELOW:.0%}): " + ", ".join(
+                        f"`{r['label']}` {r['cpu_utilization']:.0%}" for r in contended)
+                    + ". These times overstate the cost." if contended else "")
+
+
+def sweep_table(result, mode="forward", metric="ms_median"):
+    """One row field (`ms_median`, `tflops`, `share_of_paired_matmul`, `share_of_matmul_peak`, `peak_memory_bytes`
+    in MiB) per class (rows) against T (columns); a cell that is not a number says why."""
+    units = {"ms_median": "ms", "peak_memory_bytes": "MiB", "tflops": "TFLOP/s", "share_of_matmul_peak": "% of matmul",
+             "share_of_paired_matmul": "% of paired matmul"}
+    if metric not in units:
+        raise ValueError(f"metric must be one of {', '.join(units)}, got metric={metric!r}")
+    shown = {"peak_memory_bytes": mebibytes, "share_of_matmul_peak": percent, "share_of_paired_matmul": percent}
+    rows = sweep_rows(result, mode)
+    lengths, cells = sorted({r["seq_len"] for r in rows}), {(r["label"], r["seq_len"]): r for r in rows}
+
+    def value(row):
+        return shown.get(metric, number)(row[metric])
+    return table([f"implementation ({units[metric]})"] + [f"T={t}" for t in lengths],
+                 [[f"`{label}`"] + [status_cell(cells.get((label, t)), value) for t in lengths]
+                  for label in dict.fromkeys(r["label"] for r in rows)])
+
+
+def yardstick_note(result):
+    """What "% of matmul" means in this run's tables."""
+    peak = result["matmul_peak"]
+    matmul, paired = f"a {peak['size']}×{peak['size']} {peak['dtype']} matmul", peak.get("paired")
+    if not paired:
+        return f"% of matmul = TFLOP/s / {number(peak['tflops'])} TFLOP/s, the rate of {matmul} measured in the same run."
+    return (f"% of matmul = the row's TFLOP/s over the rate of {matmul} timed in blocks interleaved with the row's own "
+            f"(matmul, row, matmul, ...), so both saw the same machine. That rate ranged from "
+            f"{number(paired['lowest_tflops'])} to {number(paired['highest_tflops'])} TFLOP/s over the run's "
+            f"{paired['rows']} rows (median {number(paired['median_tflops'])}; the run-level rate, sampled at the start "
+            f"and after each shape: {number(peak['tflops'])}).")
+
+
+def markdown_tables(result, include_sweep=False):
+    """A heading and `results_table` per mode at the headline shape; with `include_sweep`, the `sweep_table`s of
+    time and memory per mode too."""
+    config, parts = result["config"], []
+    for mode in config["modes"]:
+        parts += [f"#### {MODE_TITLES[mode]}, {result['dtype']}, B={config['batch']}, T={config['seq_len']}, "
+                  f"d_model={config['d_model']}, {config['num_heads']} heads\n", results_table(result, mode), ""]
+        for metric, what in (("ms_median", "median ms"), ("peak_memory_bytes", "peak MiB")) if include_sweep else ():
+            if sweep_rows(result, mode):
+                parts += [f"#### {MODE_TITLES[mode]}: {what} against T (B={config['sweep_batch']})\n",
+                          sweep_table(result, mode, metric), ""]
+    parts += [yardstick_note(result) + " Rows that are not `correct` have no rank."] if result.get("matmul_peak") else []
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def fastest_cell(entry):
+    """One `fastest` entry in words: the fastest row and its median, the rows tied with it, how much slower the next is."""
+    if entry is None:
+        return "—"
+    best, after = entry["fastest"], entry["next"]
+    return (f"`{best['label']}` {number(best['ms_median'])} ms" + ("; tied: " + ", ".join(
+        f"`{r['label']}` {number(r['ms_median'])}" for r in entry["tied"]) if entry["tied"] else "")
+        + (f"; next `{after['label']}` {slower_by(after, best)}" if after else ""))
+
+
+def fastest_table(result):
+    """`fastest` as a table: a line per shape (by batch, then length), a column per mode."""
+    entries = fastest(result)
+    modes = list(dict.fromkeys((e["mode"], e["compiled"]) for e in entries))
+    cells = {(e["batch"], e["seq_len"], e["mode"], e["compiled"]): e for e in entries}
+    return table(["B", "T"] + [MODE_TITLES[mode] + (", compiled" if compiled else "") for mode, compiled in modes],
+                 [[batch, seq_len] + [fastest_cell(cells.get((batch, seq_len, *key))) for key in modes]
+                  for batch, seq_len in dict.fromkeys((e["batch"], e["seq_len"]) for e in entries)], "rr" + "l" * len(modes))
+
+
+def memory_slopes(result, mode, shortest=2048):
+    """Fitted growth of peak memory with T per class, `{label: {"slope", "lengths"}}`: the least-squares slope of
+    log(peak) against log(T) over the lengths `>= shortest` (two at least): 2 for T², 1 for T. Below `shortest`
+    the weights' gradients and other fixed costs hide the growth."""
+    slopes = {}
+    for label, points in sweep_series(result, mode, "peak_memory_bytes").items():
+        points = [(math.log(t), math.log(v), t) for t, v in points if t >= shortest and v > 0]
+        if len(points) >= 2:
+            mean_x, mean_y = (sum(p[i] for p in points) / len(points) for i in (0, 1))
+            slope = sum((x - mean_x) * (y - mean_y) for x, y, _ in points) / sum((x - mean_x) ** 2 for x, _, _ in points)
+            slopes[label] = {"slope": slope, "lengths": [t for _, _, t in points]}
+    return slopes
+
+
+def memory_slope_table(result, shortest=2048):
+    """The fitted memory slope per class and mode, the lengths fitted and the peak at the longest of them."""
+    lines = []
+    for mode in result["config"]["modes"]:
+        peaks = {(r["label"], r["seq_len"]): r["peak_memory_bytes"] for r in sweep_rows(result, mode)}
+        lines += [[f"`{label}`", MODE_TITLES[mode], f"{fit['slope']:.2f}", f"{fit['lengths'][0]}..{fit['lengths'][-1]}",
+                   mebibytes(peaks[label, fit["lengths"][-1]])] for label, fit in memory_slopes(result, mode, shortest).items()]
+    return table(["implementation", "mode", "fitted slope (peak ∝ T^slope)", "lengths fitted",
+                  "peak at the longest (MiB)"], lines, "llrlr")
+
+
+def plot_bars(result):
+    """Median time per class at the headline shape, a panel per mode, error bars over the IQR; incorrect rows hatched
+    red, rows with fewer K/V heads orange; failed and skipped rows left out."""
+    from matplotlib.figure import Figure
+
+    config, panels = result["config"], [sorted((r for r in shape_rows(result, mode) if r["status"] == "ok"),
+                                               key=lambda r: -r["ms_median"]) for mode in result["config"]["modes"]]
+    fig = Figure(figsize=(6.0 * len(panels), max(2.5, 0.32 * max(map(len, panels), default=1) + 1.2)))
+    for ax, mode, rows in zip(fig.subplots(1, len(panels), squeeze=False)[0], config["modes"], panels):
+        bars = ax.barh([r["label"] + (f" ({r['num_kv_heads']} K/V)" if fewer_kv_heads(r) else "")
+                        + ("  (incorrect)" if r["correct"] is False else "") for r in rows],
+                       [r["ms_median"] for r in rows], capsize=2,
+                       xerr=[[r["ms_median"] - r["ms_q1"] for r in rows], [r["ms_q3"] - r["ms_median"] for r in rows]],
+                       color=["tab:red" if r["correct"] is False else "tab:orange" if fewer_kv_heads(r) else "tab:blue"
+                              for r in rows])
+        for bar, row in zip(bars, rows):
+            bar.set_hatch("//" if row["correct"] is False else "")
+        ax.set(title=f"{MODE_TITLES[mode]}, B={config['batch']}, T={config['seq_len']}",
+               xlabel="time per call (ms, median; bars: IQR)")
+        ax.grid(axis="x", alpha=0.3)
+    grouped = " (orange: fewer K/V heads)" if any(fewer_kv_heads(r) for rows in panels for r in rows) else ""
+    fig.suptitle(f"Causal self-attention, d_model={config['d_model']}, {config['num_heads']} heads{grouped}: "
+                 f"{title_suffix(result)}")
+    fig.tight_layout()
+    return fig
+
+
+def sweep_series(result, mode, metric):
+    """`{label: [(T, value), ...]}` of the measured, not incorrect sweep rows."""
+    series = {}
+    for row in sweep_rows(result, mode):
+        if row["status"] == "ok" and row["correct"] is not False and row[metric] is not None:
+            series.setdefault(row["label"], []).append((row["seq_len"], row[metric]))
+    return {label: sorted(points) for label, points in series.items()}
+
+
+# The classes a sweep chart draws in colour, one per kind of kernel; the others grey, under one legend entry.
+HIGHLIGHTED = {"split_heads": ("naive: (B, H, T, T) scores", "tab:red"), "sdpa_causal": ("SDPA, fused", "tab:blue"),
+               "tiled": ("tiled (FlashAttention's algorithm)", "tab:green"), "flex": ("FlexAttention", "tab:purple")}
+
+
+def sweep_figure(result, mode, series, guides, what):
+    """Log-log lines against T: the `HIGHLIGHTED` classes in colour and named, the others grey; `guides`
+    `[(power, label)]` draw c·T^power from the highlighted lines' geometric mean at the shortest T."""
+    from matplotlib.figure import Figure
+
+    ax = (fig := Figure(figsize=(7.5, 5))).subplots()
+    for label, points in sorted(series.items(), key=lambda item: item[0].split(" ")[0] in HIGHLIGHTED):
+        name, color = HIGHLIGHTED.get(label.split(" ")[0], (None, "0.72"))
+        ax.plot(*zip(*points), marker="o" if name else None, markersize=4, linewidth=2 if name else 1, color=color,
+                label=f"{name} ({label})" if name else None, zorder=3 if name else 2)
+    if any(label.split(" ")[0] not in HIGHLIGHTED for label in series):
+        ax.plot([], [], color="0.72", label="other classes (see the tables)")
+    start = min((points[0][0] for points in series.values()), default=None)
+    anchors = [p[0][1] for label, p in series.items() if p[0][0] == start and label.split(" ")[0] in HIGHLIGHTED]
+    longest = max((points[-1][0] for points in series.values()), default=None)
+    for power, name in guides if anchors else ():  # from the data at the shortest length, growing as T^power
+        anchor = math.exp(sum(map(math.log, anchors)) / len(anchors))
+        ax.plot([start, longest], [anchor, anchor * (longest / start) ** power], "k--" if power == 2 else "k:",
+                linewidth=1, alpha=0.6, label=name)
+    ax.set(yscale="log", xlabel="sequence length T (tokens)", ylabel=what)
+    ax.set_xscale("log", base=2)
+    ax.set_title(f"{MODE_TITLES[mode]}: {what.split(' (')[0]} against T, B={result['config']['sweep_batch']}: "
+                 f"{title_suffix(result)}", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_time_vs_seq_len(result, mode="forward"):
+    """Median time against T (log-log), with an O(T²) guide."""
+    return sweep_figure(result, mode, sweep_series(result, mode, "ms_median"), [(2, "O(T²)")], "time per call (ms, median)")
+
+
+def plot_memory_vs_seq_len(result, mode="forward"):
+    """Peak memory of one call against T (log-log), with O(T) and O(T²) guides from the data."""
+    series = {label: [(t, v / 2**20) for t, v in points if v > 0]
+              for label, points in sweep_series(result, mode, "peak_memory_bytes").items()}
+    return sweep_figure(result, mode, {label: points for label, points in series.items() if points},
+                        [(2, "O(T²)"), (1, "O(T)")], "peak memory of one call (MiB)")
+
+
+def charts(result):
+    """Time per class at the headline shape; time and memory against T for each mode the sweep measured."""
+    device, found = title_suffix(result), {}
+    found["bars"] = (plot_bars(result), f"median time per implementation at the headline shape, {device}")
+    for mode in (mode for mode in result["config"]["modes"] if sweep_series(result, mode, "ms_median")):
+        found[f"time-{mode}"] = (plot_time_vs_seq_len(result, mode), f"{MODE_TITLES[mode]} time against T, {device}")
+        found[f"memory-{mode}"] = (plot_memory_vs_seq_len(result, mode),
+                                   f"{MODE_TITLES[mode]} peak memory against T, {device}")
+    return found
+
+
+def tables(result):
+    """What the command line prints: the headline tables (and the sweep's, for the long profile)."""
+    return markdown_tables(result, include_sweep=result["profile"] == "long")
+
+
+def page(result, images):
+    """One run on the Benchmarks page: its shape, headline tables, charts; the sweep's tables collapsed."""
+    config, sweep_charts = result["config"], "\n\n".join(image for kind, image in images.items() if kind != "bars")
+    parts = [f"Headline shape: batch {config['batch']}, T = {config['seq_len']}; the sweep runs batch "
+             f"{config['sweep_batch']}, T = {', '.join(map(str, config['seq_lens']))}.",
+             re.sub(r"^#### (.*)$", r"**\1**", markdown_tables(result), flags=re.MULTILINE),  # not in the page's TOC
+             images.get("bars", ""), sweep_charts and collapsed("Time and peak memory against T (charts)", sweep_charts)]
+    if any(len(fit["lengths"]) > 2 for fit in memory_slopes(result, "forward").values()):  # a fit of 3 lengths or more
+        parts.append("Peak memory of one call against T, the growth fitted over T ≥ 2048 (below it the weights' "
+                     "gradients and other fixed costs hide it):\n\n" + memory_slope_table(result))
+    parts += [collapsed(f"{MODE_TITLES[mode]}: every length", "\n\n".join(sweep_table(result, mode, metric) for metric in (
+        "ms_median", "peak_memory_bytes"))) for mode in config["modes"] if sweep_rows(result, mode)]
+    return "\n\n".join(part.strip() for part in parts if part.strip())

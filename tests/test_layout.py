@@ -1,0 +1,60 @@
+"""The package's shape: what measures apart from what shows, imports that point down, files within their budgets.
+
+Measuring (`attention/bench/`) never imports showing (`attention/report/`), except the command line that prints what
+it measured; the trusted reference imports nothing it judges; the ring's algorithm imports nothing of the benchmark.
+Budgets are in lines of the files as they stand, so that a sweep stays readable top to bottom.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "attention"
+
+
+def imported(path):
+    """The `attention.*` modules a file imports, anywhere in it (function-level imports too)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return {name for name in names if name.startswith("attention")}
+
+
+def files(under=""):
+    return sorted(path for path in (PACKAGE / under).rglob("*.py") if "__pycache__" not in path.parts)
+
+
+def lines(paths):
+    return sum(len(path.read_text().splitlines()) for path in paths)
+
+
+def test_nothing_that_measures_imports_what_shows():  # so nothing there can call what shows
+    allowed = {PACKAGE / "bench" / "__main__.py"}  # the command line prints the tables of what it measured
+    importers = [path.relative_to(PACKAGE.parent).as_posix() for path in files()
+                 if "report" not in path.relative_to(PACKAGE).parts[:1] and path not in allowed
+                 and any(name == "attention.report" or name.startswith("attention.report.") for name in imported(path))]
+    assert importers == []
+
+
+@pytest.mark.parametrize("budget, paths, what", [
+    (1400, lambda: sorted((PACKAGE / "bench").glob("*.py")), "the measuring core, attention/bench/*.py"),
+    (1800, lambda: files("report"), "what shows results, attention/report/"),
+])
+def test_the_benchmark_stays_within_its_budget(budget, paths, what):
+    assert lines(paths()) <= budget, f"{what}: {lines(paths())} lines, the budget is {budget}"
+
+
+@pytest.mark.parametrize("sweep", sorted(path.name for path in (PACKAGE / "bench" / "sweeps").glob("*.py")))
+def test_each_sweep_measures_in_at_most_450_lines(sweep):
+    assert lines([PACKAGE / "bench" / "sweeps" / sweep]) <= 450
+
+
+def test_no_function_of_bench_or_report_takes_more_than_six_parameters():
+    many = [f"{path.relative_to(PACKAGE)}:{node.lineno}" for path in files("bench") + files("report")
+            for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, (ast.FunctionDef, ast.Lambda))
+            and len(node.args.posonlyargs + node.args.args + node.args.kwonlyargs) > 6]
+    assert many == []
