@@ -34,7 +34,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from attention.bench.__main__ import positive_int
+from attention.checks import positive_int_option as positive_int
 from attention.distributed import launch
 from attention.distributed.check import DTYPES, RESULTS, case_inputs, context_parallel_attention
 from attention.distributed.ring import gather_sequence, ring_attention, shard_sequence
