@@ -289,17 +289,18 @@ def test_cpu_tensor_peak_memory_is_exact():
     assert metrics.profile_call(allocate_in_steps, "cpu")["cpu_tensor_peak_bytes"] == 4 * 16 * 2**20
 
 
-class BuiltAndCalled(SplitHeadsAttention):
-    """`split_heads` that records each construction and call."""
+BUILT_AND_CALLED = []
 
-    log = []
+
+class BuiltAndCalled(SplitHeadsAttention):
+    """`split_heads` that records each construction and call in `BUILT_AND_CALLED`."""
 
     def __init__(self, *args, **kwargs):
-        BuiltAndCalled.log.append("built")
+        BUILT_AND_CALLED.append("built")
         super().__init__(*args, **kwargs)
 
     def forward(self, x):
-        BuiltAndCalled.log.append("called")
+        BUILT_AND_CALLED.append("called")
         return super().forward(x)
 
 
@@ -311,11 +312,11 @@ def test_the_first_shape_of_a_class_past_the_memory_budget_is_skipped_unbuilt():
     config = Config(**SMALL | dict(seq_lens=(), modes=("forward",))).resolve("cpu")
     budget = sequence.first_peak_bound("sdpa_causal", "forward", config, config.batch, config.seq_len) + 1
     assert sequence.first_peak_bound("split_heads", "forward", config, config.batch, config.seq_len) > budget
-    BuiltAndCalled.log.clear()
+    BUILT_AND_CALLED.clear()
     run = run_benchmark(Config(**SMALL | dict(seq_lens=(), modes=("forward",), memory_budget_bytes=budget)),
                         progress=False, implementations={"split_heads": BuiltAndCalled, "sdpa_causal": SDPACausalAttention})
     skipped, measured = run["rows"]
-    assert BuiltAndCalled.log == []
+    assert BUILT_AND_CALLED == []
     assert skipped["status"] == "skipped" and skipped["ms_median"] is None and skipped["peak_memory_bytes"] is None
     assert skipped["reason"].startswith("predicted peak memory ") and "exceeds the memory budget" in skipped["reason"]
     assert "a bound from the shape" in skipped["reason"]

@@ -665,9 +665,9 @@ def test_site_url_is_used_only_if_it_is_a_plain_web_address(monkeypatch, site_ur
     config = hook.on_config(SiteConfig())
     assert config["site_url"] == (site_url if used else None)
     assert config["repo_url"] == "https://github.com/example/attention"
-    assert logged == ([] if used else ["SITE_URL is not used as the site's address: not a web address (https://host/"
-                                       "path without quotes, angle brackets, backticks, spaces, control characters or "
-                                       "credentials)"])
+    refusal = ("SITE_URL is not used as the site's address: not a web address (https://host/path without quotes, "
+               "angle brackets, backticks, spaces, control characters or credentials)")
+    assert logged == ([] if used else [refusal])
 
 
 def test_snippet_outputs_show_what_the_blocks_above_printed():
