@@ -15,6 +15,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from attention import files
 from attention.bench import core, format, profiles, results
 from attention.registry import IMPLEMENTATIONS
 
@@ -72,7 +73,9 @@ def build_parser():
     parser.add_argument("--heads", type=positive_int, dest="num_heads", help="query heads (default 12; decode 32)")
     parser.add_argument("--repeats", type=positive_int, dest="min_repeats", help="timing blocks per row at least")
     parser.add_argument("--impl", nargs="+", dest="implementations", metavar="NAME", help="classes to run (below)")
-    parser.add_argument("--out", metavar="FILE", help="write the results file here (rewritten after every row)")
+    parser.add_argument("--out", metavar="FILE", help="write the results file here (rewritten after every row); an "
+                        "existing file is refused unless --force")
+    parser.add_argument("--force", action="store_true", help="let --out replace an existing file")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--validate", nargs="+", metavar="FILE", help="check results files instead of running; exit "
                         "status 1 if any is not valid (a run recorded with older sources is valid, and said to be)")
@@ -94,11 +97,21 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.validate or args.migrate:
         for path in args.migrate or ():
-            core.write_result(results.migrate(results.read(path)), path)
+            try:
+                migrated = results.migrate(results.read(path))
+            except (ValueError, KeyError, TypeError, AttributeError) as error:  # the validator below says why in full
+                print(f"{path}: not migrated ({type(error).__name__}: {str(error).removeprefix(f'{path}: ')})")
+                continue
+            core.write_result(migrated, path, force=True)  # rewriting the file in place is what --migrate is for
             print(f"{path}: schema_version {results.SCHEMA_VERSION}")
         verdicts = {path: results.check_file(path) for path in args.validate or args.migrate}
         print("\n".join(results.check_report(path, checked) for path, checked in verdicts.items()))
         return 1 if any(checked["problems"] for checked in verdicts.values()) else 0
+    if args.out:  # before any work: a measured run must not end in a path it cannot write, or over another file
+        try:
+            files.check_new_file(args.out, force=args.force)
+        except (ValueError, FileExistsError) as error:
+            parser.error(f"--out: {error}")
     try:
         plan = config_from_args(args)
         device = core.resolve_device(args.device)
@@ -106,7 +119,9 @@ def main(argv=None):
     except ValueError as error:
         parser.error(str(error))
     argv = None if argv is None else ["python", "-m", "attention.bench", *argv]
-    result = core.run(plan, args.device, args.dtype, argv, args.out, not args.quiet)
+    envelope = core.Envelope(plan.profile, args.device, args.dtype, argv, args.out)
+    envelope.progress, envelope.force = not args.quiet, args.force
+    result = envelope.run(plan)
     print(format.provenance_summary(result))
     for sweep, _ in plan.sweeps:
         print("\n" + sweep.tables(result))
