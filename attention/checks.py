@@ -4,6 +4,8 @@ The implementation files under `attention/causal/` and `attention/general.py` im
 they carry their own (marked) checks; every other module checks its arguments with these.
 """
 
+import argparse
+
 import torch
 
 
@@ -24,3 +26,10 @@ def check_index_tensor(name, value, dims):
         raise TypeError(f"{name} must be an integer tensor, got {name}.dtype={value.dtype}")
     if value.dim() not in dims:
         raise ValueError(f"{name} must have {' or '.join(map(str, dims))} dimensions, got {name}.shape={tuple(value.shape)}")
+
+
+def positive_int_option(text):
+    """An `argparse` type for a command-line option: `text` as a positive int, else a usage error naming the value."""
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)

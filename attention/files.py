@@ -1,9 +1,9 @@
 """The files the project reads and writes, handled one way: read only regular files, with a byte limit enforced while
 reading; write only where the user said, never over an existing file unless asked to, checked before any work.
 
-Every reader of a file that a contributor, a download or another process could have made goes through
-`read_bytes` (results files, checkpoints and their records, the ring's per-process results); every command that
-writes a file checks its path with `check_new_file` before it starts working, and writes it with `write_bytes`.
+Every reader of a file that a contributor or a download could have made goes through `read_bytes` (results files,
+checkpoints and their records); every command that writes a file checks its path with `check_new_file` before it
+starts working, and writes it with `write_bytes`.
 Problems raise one `ValueError` (`FileExistsError` for a file that is there already) whose message starts with the
 path and says what is wrong.
 """

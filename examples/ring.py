@@ -228,7 +228,8 @@ show_markdown(
 # ## Checked across processes
 #
 # Below, 4 processes of this machine join one gloo process group (`launch.run_on_processes`, which does
-# what `torchrun` does, and brings each process's result back); a case for 2 processes runs on ranks
+# what `torchrun` does, and brings each process's result back; they meet through a file, and gloo's
+# sockets listen on 127.0.0.1 only); a case for 2 processes runs on ranks
 # 0-1 and on ranks 2-3 at once. Every process draws the same random whole sequence from a seed, keeps
 # its shard, runs `ring_attention` forward and backward, and returns its shard of the output and of
 # the query, key and value gradients. Joined, they are compared with `reference_kernel`, the float64
@@ -433,6 +434,21 @@ print("context_parallel on CPU:", "ran" if probe["error"] is None else probe["er
 show_markdown("""```bash
 torchrun --nproc-per-node 4 -m attention.distributed --seq-len 32768 --heads 16 --kv-heads 4 --dtype bfloat16 --measure
 torchrun --nproc-per-node 4 -m attention.distributed --seq-len 32768 --heads 16 --kv-heads 16 --dtype bfloat16 --engine context_parallel
+```""")
+
+# %% [markdown]
+# **What listens on the network.** `torchrun` serves its rendezvous store on every interface of the
+# machine (`[::]:PORT`), without authentication, whatever its options: in PyTorch 2.13, `--standalone`,
+# `--master-addr 127.0.0.1`, `--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:PORT` and `--local-addr
+# 127.0.0.1` all left it there (checked on the listening sockets of torchrun's processes). That is
+# torch's behaviour. The entry point's own process group listens on 127.0.0.1 only on CPUs (gloo) when
+# every rank runs on this machine; `launch.run_on_processes`, used above, listens on nothing else. To keep
+# a one-machine `torchrun` off the network, run it in a network namespace of its own whose only
+# interface is loopback (Linux; checked on CPUs with gloo, not yet with NCCL on GPUs):
+
+# %% tags=["hide-input"]
+show_markdown("""```bash
+unshare --user --map-root-user --net sh -c 'ip link set lo up && torchrun --nproc-per-node 4 -m attention.distributed'
 ```""")
 
 # %% [markdown]

@@ -23,12 +23,12 @@ from matplotlib.figure import Figure
 from attention import IMPLEMENTATIONS
 from attention.display import show, show_markdown, show_source, show_table
 from attention.gpt import data
-from attention.gpt.checkpoint import load_gpt, read_provenance
+from attention.gpt.checkpoint import load_gpt, read_provenance, record_rows
 from attention.gpt.model import GPT, Block, GPTConfig
 from attention.plotting import plot_attention_weights, plot_heatmaps
 from attention.reference import reference_attention_class
 
-record = read_provenance()  # the training run: provenance, final losses, the log
+record = read_provenance()  # the training run: provenance, final losses, the log (checked against the weights)
 _, validation = data.split(data.encode(data.training_text()))  # the held-out bytes, (N,)
 model = load_gpt()  # the checkpoint, in the class it was trained with, in eval mode
 config = model.config
@@ -57,22 +57,15 @@ show_source(Block)
 #
 # `python -m attention.gpt.train` read the Python language reference that `help()` shows
 # (`pydoc_data.topics`) as UTF-8 bytes, a vocabulary of 256, and learned to predict the next byte.
-# The run's record, `attention/gpt/checkpoints/tiny_gpt.json`:
+# Run it yourself and it writes `gpt-runs/tiny_gpt.pt` and `gpt-runs/tiny_gpt.json` in the current
+# directory, never over an existing file unless given `--force`; the shipped checkpoint is made again,
+# on purpose, from the repository root by
+# `python -m attention.gpt.train --threads 1 --out attention/gpt/checkpoints --force`.
+# The run's record, `attention/gpt/checkpoints/tiny_gpt.json`, checked field by field and against the
+# weights when it is read:
 
 # %% tags=["hide-input"]
-load_before, load_after = record["load_average_before"], record["load_average_after"]
-show_table("The training run (from its record)", ["", "recorded"], [
-    ("command", f"`{record['command']}`"),
-    ("code", f"commit `{record['git']['commit'][:10]}`" + (" (uncommitted changes)" if record["git"]["dirty"] else "")),
-    ("seed, steps, batch", f"{record['seed']}, {record['steps']}, {record['arguments']['batch_size']} windows of "
-                           f"{config.context_length} bytes ({record['tokens_seen']:,} bytes seen)"),
-    ("text", f"{record['text']['bytes']:,} bytes: {record['text']['train_bytes']:,} to train, "
-             f"{record['text']['validation_bytes']:,} held out (Python {record['python']})"),
-    ("time", f"{record['training_s'] / 60:.1f} min training, {record['wall_s'] / 60:.1f} min with the final evaluation"),
-    ("machine", f"{record['cpu']}, {record['torch_num_threads']} threads, torch {record['torch']}"),
-    ("load average (1, 5, 15 min)", f"before {load_before}, after {load_after}"),
-    ("final loss (nats per byte)", f"train {record['final_train_loss']:.4f}, validation {record['final_validation_loss']:.4f}"),
-])
+show_table("The training run (from its record)", ["", "recorded"], record_rows(record))  # its strings escaped
 
 # %%
 steps = torch.arange(1, record["steps"] + 1)

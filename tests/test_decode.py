@@ -13,9 +13,10 @@ from bench_tables import BEFORE, TINY_DECODE, quick_yardsticks, structure
 from helpers import tolerance
 from matplotlib.figure import Figure
 
-from attention.bench import core, metrics, profiles
 from attention import report
-from attention.bench.__main__ import main
+from attention.bench import core, metrics, profiles
+from attention.bench.__main__ import build_parser, config_from_args, main
+from attention.bench.results import config_problems
 from attention.bench.sweeps import decode
 from attention.causal.gqa import DECODE_KERNELS, GroupedQueryAttention, grouped_decode_attention, per_head_matmul
 from attention.reference import reference_kernel
@@ -218,7 +219,31 @@ def test_a_cache_past_the_memory_budget_is_skipped_with_the_reason():
     assert rows and all(row["status"] == "skipped" and "exceeds the memory budget" in row["reason"] for row in rows)
 
 
-def test_decode_config_names_bad_values():
+# A CPU whose last-level cache sysfs reports at 480 MiB (a VM's): the ceiling's reads were 2, 4 and 8 GiB, past the
+# config's rule, and the decode profile could not start. Tests that resolve the decode config fake it, so they test
+# the same sizes on every host.
+LARGE_CACHE = 480 * 2**20
+
+
+@pytest.mark.parametrize("cache", [8 * 2**20, 32 * 2**20, LARGE_CACHE, 4 * 2**30])
+@pytest.mark.parametrize("available", [2**30, 64 * 2**30], ids=["1GiB", "64GiB"])
+def test_the_ceilings_reads_fit_the_rule_and_the_memory_whatever_the_cache(monkeypatch, cache, available):
+    """On a host of `available` memory whose last-level cache reads `cache`: the decode profile resolves, its config
+    keeps every rule, and each read of the ceiling is at most 2 GiB and a quarter of the memory budget (three tensors of
+    that size live at once), past four times the cache where those allow it."""
+    monkeypatch.setattr(metrics, "last_level_cache_bytes", lambda device: cache)
+    monkeypatch.setattr(core, "meminfo_bytes", lambda key: available)
+    plan = config_from_args(build_parser().parse_args(["--profile", "decode", "--device", "cpu"]))
+    config = plan.sweeps[0][1].resolve(torch.device("cpu"))
+    largest = min(2**31, config.memory_budget_bytes // 4)
+    assert config.memory_budget_bytes == available * 3 // 4 and config_problems(config) == []
+    assert config.ceiling_bytes and all(0 < size <= largest for size in config.ceiling_bytes)
+    assert list(config.ceiling_bytes) == sorted(set(config.ceiling_bytes))  # distinct, ascending
+    assert config.ceiling_bytes[0] >= min(4 * cache, largest)
+
+
+def test_decode_config_names_bad_values(monkeypatch):
+    monkeypatch.setattr(metrics, "last_level_cache_bytes", lambda device: LARGE_CACHE)
     resolve = lambda **fields: decode.Config(**fields).resolve("cpu")  # noqa: E731
     with pytest.raises(ValueError, match=r"models\[1\]: 'Mamba' is not one of MHA, GQA, MQA, Llama-3"):
         resolve(models=("GQA", "Mamba"))

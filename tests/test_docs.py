@@ -566,6 +566,110 @@ def test_install_lines_use_repo_url_else_the_origin_else_the_checkout(tmp_path):
     assert hook.repository_source(checkout, {}) == url
 
 
+def checkout_with_origin(tmp_path, origin=None):
+    """A git checkout in tmp_path/checkout, with `origin` as its origin remote (None: no remote)."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    subprocess.run(["git", "init", "-q", str(checkout)], check=True)
+    if origin is not None:
+        subprocess.run(["git", "-C", str(checkout), "remote", "add", "origin", origin], check=True)
+    return checkout
+
+
+def warnings_of(hook, monkeypatch):
+    """The warning lines the hook logs, as a list that fills while the test runs."""
+    logged = []
+    monkeypatch.setattr(hook, "log", type("Log", (), {"warning": staticmethod(lambda text, *args: logged.append(
+        text % args))}))
+    return logged
+
+
+HOSTILE_ADDRESSES = ['https://example.com/x"><script>alert(1)</script>', "https://example.com/x><img src=x onerror=alert(2)>",
+                     "https://example.com/x\n```\n<script>alert(4)</script>\n```", "javascript:alert(3)",
+                     "https://user:token@example.com/x", "https://example.com/`whoami`", "https://example.com/$(id)"]
+
+
+@pytest.mark.parametrize("address", HOSTILE_ADDRESSES)
+def test_a_repo_url_that_is_not_a_plain_web_address_is_passed_over_with_a_warning(tmp_path, monkeypatch, address):
+    """REPO_URL went into the header's link, the install lines' autolink and code blocks as it was (a quote, an angle
+    bracket or a newline broke out of each); 'javascript:alert(3)' crashed the build (Path.as_uri). Now it is not used:
+    a warning names REPO_URL and the install lines show the checkout's path, as text."""
+    hook = generated_hook()
+    logged = warnings_of(hook, monkeypatch)
+    checkout = checkout_with_origin(tmp_path)
+    source = hook.repository_source(checkout, {"REPO_URL": address})
+    assert source == str(checkout.resolve()) and not hook.is_web_address(source)
+    assert len(logged) == 1 and logged[0].startswith("REPO_URL is not used in the install lines: not a web address")
+    assert address not in "\n".join(logged)  # credentials are not copied into the build's log
+    lines = hook.install_lines(source)
+    assert f"(`{checkout.resolve()}`: this site was built from a checkout without a web address)" in lines
+    for fragment in ("<script", "<img", "alert", "javascript", "token", "whoami", "$("):
+        assert fragment not in lines, fragment
+    assert hook.install_lines(address) == hook.install_lines(None)  # called directly: a placeholder, no crash
+    assert "git clone REPOSITORY attention-repo" in hook.install_lines(None)
+
+
+@pytest.mark.parametrize("origin", ['https://example.com/y"><svg onload=alert(5)>', "`touch pwned`", "javascript:alert(3)"])
+def test_an_origin_remote_that_is_not_a_plain_address_is_passed_over(tmp_path, monkeypatch, origin):
+    hook = generated_hook()
+    logged = warnings_of(hook, monkeypatch)
+    checkout = checkout_with_origin(tmp_path, origin)
+    assert hook.repository_source(checkout, {}) == str(checkout.resolve())
+    assert [line.split(" is not used")[0] for line in logged] == ["the origin remote"]
+
+
+def test_a_relative_origin_remote_is_a_path_from_the_checkout(tmp_path, monkeypatch):
+    """`git remote add origin ../upstream` (legal in git) crashed the build: Path.as_uri of a relative path."""
+    hook = generated_hook()
+    logged = warnings_of(hook, monkeypatch)
+    checkout = checkout_with_origin(tmp_path, "../upstream")
+    source = hook.repository_source(checkout, {})
+    assert source == str((tmp_path / "upstream").resolve()) and logged == []
+    lines = hook.install_lines(source)
+    assert f'"git+{(tmp_path / "upstream").resolve().as_uri()}"' in lines and f"git clone {source} " in lines
+
+
+def test_a_path_with_odd_characters_is_text_and_a_working_command(tmp_path, monkeypatch):
+    """A checkout's path is shown in a code span and quoted in the clone line: its characters stay text; one that
+    would end the span or the code block (a backtick, a newline) is passed over."""
+    hook = generated_hook()
+    odd = str(tmp_path / "my <b>copy</b> (it's $HOME)")
+    lines = hook.install_lines(odd)
+    assert f"(`{odd}`: this site" in lines and f"git clone {shlex.quote(odd)} attention-repo" in lines
+    assert f'"git+{pathlib.Path(odd).as_uri()}"' in lines and "$HOME" not in lines.split("```bash")[2]
+    for path in ("/tmp/a`b", "/tmp/a\n```\n<script>", "relative/path"):
+        assert hook.source_kind(path) is None, path
+    logged = warnings_of(hook, monkeypatch)
+    assert hook.repository_source(tmp_path, {"REPO_URL": "/tmp/a`b"}) == str(tmp_path.resolve())
+    assert len(logged) == 1 and logged[0].startswith("REPO_URL is not used")
+
+
+class SiteConfig(dict):
+    """What `on_config` reads and writes of MkDocs' config."""
+
+    config_file_path = str(ROOT / "mkdocs.yml")
+
+    def __init__(self):
+        super().__init__(site_url=None, repo_url=None)
+        self.extra = {}
+
+
+@pytest.mark.parametrize("site_url, used", [('https://example.com/"><script>alert(7)</script>/', False),
+                                            ("javascript:alert(8)", False), ("https://example.github.io/attention/", True)])
+def test_site_url_is_used_only_if_it_is_a_plain_web_address(monkeypatch, site_url, used):
+    """SITE_URL went into every page's canonical link and the sitemap as it was."""
+    hook = generated_hook()
+    logged = warnings_of(hook, monkeypatch)
+    monkeypatch.setenv("SITE_URL", site_url)
+    monkeypatch.setenv("REPO_URL", "https://github.com/example/attention")
+    config = hook.on_config(SiteConfig())
+    assert config["site_url"] == (site_url if used else None)
+    assert config["repo_url"] == "https://github.com/example/attention"
+    refusal = ("SITE_URL is not used as the site's address: not a web address (https://host/path without quotes, "
+               "angle brackets, backticks, spaces, control characters or credentials)")
+    assert logged == ([] if used else [refusal])
+
+
 def test_snippet_outputs_show_what_the_blocks_above_printed():
     hook = generated_hook()
     page = ('```python\nx = 2\nprint(x)\n```\n\n<!-- output -->\n\n=== "Tab"\n\n    ```python\n    print(x * 3)\n'

@@ -9,18 +9,27 @@
 * Generation with KV caches gives the same tokens as recomputing the whole sequence.
 * A checkpoint of the wrong shape is refused with an error naming each mismatched key.
 * A short run of the training script lowers the loss, and the same seed gives the same run.
+* Files others could have made are checked before use: a checkpoint's structure, sizes and weights before
+  anything is built from it, the record's every field and its agreement with the weights; the page escapes
+  what it shows of the record.
+* Bad input is refused before any work, naming the argument or option: `generate`'s arguments, the
+  training script's options and output files (it never writes into the package, or over a file, unasked).
 """
 
+import copy
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 from helpers import tolerance
 
 from attention import IMPLEMENTATIONS
+from attention.gpt import checkpoint as checkpoint_module
 from attention.gpt import data
-from attention.gpt.checkpoint import CHECKPOINT, PROVENANCE, load_gpt, read_provenance, save_checkpoint
+from attention.gpt import train as train_module
+from attention.gpt.checkpoint import CHECKPOINT, PROVENANCE, load_gpt, read_checkpoint, read_provenance, save_checkpoint
 from attention.gpt.model import GPT, GPTConfig, pick_token
 from attention.gpt.train import main as train_main
 from attention.reference import reference_attention_class
@@ -235,7 +244,7 @@ def test_training_is_deterministic_from_the_seed(tmp_path):
 def test_training_arguments_are_checked(capsys):
     with pytest.raises(SystemExit):
         train_main(["--steps", "0"])
-    assert "--steps must be positive" in capsys.readouterr().err
+    assert "argument --steps: steps: 0 is outside [1, 100000]" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         train_main(["--attention", "nope"])
     assert "--attention must be one of" in capsys.readouterr().err
@@ -251,3 +260,323 @@ def test_the_model_file_imports_only_torch_and_the_standard_library():
     roots = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     roots |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert roots - {"torch"} <= set(sys.stdlib_module_names), f"model.py must stay copyable: it imports {sorted(roots)}"
+
+
+# --- generate: every argument checked before any work, each error naming it ---
+
+def small_model():
+    torch.manual_seed(0)
+    return GPT(GPTConfig(context_length=16, d_model=16, num_layers=1, num_heads=2), IMPLEMENTATIONS["sdpa_causal"]).eval()
+
+
+PROMPT = torch.tensor([[65, 66, 67]])  # (1, 3)
+
+
+@pytest.mark.parametrize("idx, error, pattern", [
+    ([[65, 66]], TypeError, "idx=list"),
+    (torch.tensor([65, 66]), ValueError, r"idx\.shape=\(2,\)"),
+    (torch.tensor([[65, 66]], dtype=torch.int32), TypeError, r"idx\.dtype=torch\.int32"),
+    (torch.zeros(1, 0, dtype=torch.long), ValueError, r"at least one token \(T >= 1\), got idx\.shape=\(1, 0\)"),
+    (torch.tensor([[65, 256]]), ValueError, r"\[0, vocab_size=256\), got ids from 65 to 256"),
+    (torch.tensor([[-1, 65]]), ValueError, r"\[0, vocab_size=256\), got ids from -1 to 65"),
+])
+def test_generate_refuses_a_bad_prompt_first(idx, error, pattern):
+    with pytest.raises(error, match=pattern):
+        small_model().generate(idx, -1, temperature=-1.0)  # the prompt is checked before the other arguments
+
+
+@pytest.mark.parametrize("arguments, error, pattern", [
+    (dict(max_new_tokens=-1), ValueError, "max_new_tokens=-1"),
+    (dict(max_new_tokens=True), TypeError, "max_new_tokens=True"),
+    (dict(max_new_tokens=None), TypeError, "max_new_tokens=None"),
+    (dict(max_new_tokens=2.5), TypeError, "max_new_tokens=2.5"),
+    (dict(temperature=-1.0), ValueError, "temperature=-1.0"),
+    (dict(temperature=-1e-9), ValueError, "temperature=-1e-09"),
+    (dict(temperature=float("inf")), ValueError, "temperature=inf"),
+    (dict(temperature=float("nan")), ValueError, "temperature=nan"),
+    (dict(temperature="1"), TypeError, "temperature='1'"),
+    (dict(temperature=None), TypeError, "temperature=None"),
+    (dict(temperature=1.0, top_k=0), ValueError, "top_k=0"),
+    (dict(temperature=1.0, top_k=-3), ValueError, "top_k=-3"),
+    (dict(temperature=1.0, top_k=2.5), TypeError, "top_k=2.5"),
+    (dict(temperature=1.0, top_k=True), TypeError, "top_k=True"),
+    (dict(use_cache="yes"), TypeError, "use_cache='yes'"),
+])
+def test_generate_refuses_bad_sampling_arguments_naming_them(arguments, error, pattern):
+    arguments = {"max_new_tokens": 3, **arguments}
+    with pytest.raises(error, match=pattern):
+        small_model().generate(PROMPT, **arguments)
+
+
+@pytest.mark.parametrize("temperature", [1e-45, 1e-300, 5e-324])
+def test_a_temperature_too_small_to_divide_by_picks_the_most_likely_token(temperature):
+    """Dividing by it overflows (inf - inf, NaN probabilities, a RuntimeError before): the limit, greedy, instead."""
+    model = small_model()
+    with torch.no_grad():  # logits far apart, so greedy is one token per step
+        for param in model.parameters():
+            param.normal_(0.0, 1.0)
+    greedy = model.generate(PROMPT, 8)
+    assert torch.equal(model.generate(PROMPT, 8, temperature=temperature, generator=torch.Generator().manual_seed(0)),
+                       greedy)
+    logits = torch.tensor([[0.0, 3.0, -2.0], [1e30, -1e30, 0.0]])
+    assert pick_token(logits, temperature, top_k=2).tolist() == [[1], [0]]
+
+
+# --- Loading a checkpoint: its structure checked, its shapes compared before anything is allocated ---
+
+def saved(tmp_path, value, name="edited.pt"):
+    path = tmp_path / name
+    torch.save(value, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return read_checkpoint()
+
+
+@pytest.mark.parametrize("edit, pattern", [
+    (lambda ck: {"format": ck["format"]}, r"config: missing; attention: missing; state: missing"),
+    (lambda ck: dict(ck, config=list(ck["config"].values())), r"config: expected an object, got \["),
+    (lambda ck: dict(ck, config=dict(ck["config"], d_model="128")), r"config\.d_model: expected an integer, got '128'"),
+    (lambda ck: dict(ck, config=dict(ck["config"], vocab_size=1e12)), r"config\.vocab_size: expected an integer"),
+    (lambda ck: dict(ck, config=dict(ck["config"], context_length=2**24)), r"config\.context_length: 16777216 is outside"),
+    (lambda ck: dict(ck, config=dict(ck["config"], evil_field=1)), r"config\.'evil_field': unknown field"),
+    (lambda ck: dict(ck, config=dict(ck["config"], num_heads=3)), r"config: GPTConfig\.d_model must be divisible"),
+    (lambda ck: dict(ck, attention=7), r"attention: 7 is not one of"),
+    (lambda ck: dict(ck, state=[1, 2]), r"state: expected a mapping of names to tensors, got list"),
+    (lambda ck: dict(ck, state={name: 1 for name in ck["state"]}), r"state\.token_embedding\.weight: expected a tensor, got int"),
+    (lambda ck: dict(ck, state={**ck["state"], "blocks.0.ln_1.weight": ck["state"]["blocks.0.ln_1.weight"].long()}),
+     r"state\.blocks\.0\.ln_1\.weight: expected floating-point weights, got dtype torch\.int64"),
+    (lambda ck: dict(ck, state={**ck["state"], "blocks.1.mlp.fc.bias": torch.full((512,), float("nan"))}),
+     r"state\.blocks\.1\.mlp\.fc\.bias: holds NaN or infinite values"),
+    (lambda ck: dict(ck, state={**ck["state"], "ln_f.bias": torch.tensor([0.0, float("inf")]).repeat(64)}),
+     r"state\.ln_f\.bias: holds NaN or infinite values"),
+    # One stored number read as 2**28 (a stride-0 view): refused by its claimed size, before its elements are read.
+    (lambda ck: dict(ck, state={**ck["state"], "ln_f.bias": torch.zeros(1).expand(2**28)}),
+     r"state: its tensors claim [\d,]+ bytes, more than the file's"),
+])
+def test_a_malformed_checkpoint_is_refused_naming_the_file_and_the_problem(tmp_path, shipped, edit, pattern):
+    path = saved(tmp_path, edit(copy.copy(shipped)))
+    for read in (read_checkpoint, load_gpt):
+        with pytest.raises(ValueError, match=pattern) as error:
+            read(path)
+        assert str(error.value).startswith(str(path))
+
+
+def test_an_empty_or_foreign_checkpoint_file_is_refused_naming_it(tmp_path):
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match=r"empty\.pt: an empty file"):
+        load_gpt(empty)
+    text = tmp_path / "text.pt"
+    text.write_text('{"format": "attention.gpt checkpoint, version 1"}')
+    with pytest.raises(ValueError, match=r"text\.pt: not a checkpoint that loads without running code"):
+        load_gpt(text)
+
+
+class RunsCodeWhenUnpickled:
+    marker = None
+
+    def __reduce__(self):
+        return Path.touch, (self.marker,)
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_without_running_it(tmp_path, shipped):
+    hostile = RunsCodeWhenUnpickled()
+    hostile.marker = tmp_path / "pwned.marker"
+    path = saved(tmp_path, dict(shipped, state={**shipped["state"], "ln_f.bias": hostile}))
+    with pytest.raises(ValueError, match=r"edited\.pt: not a checkpoint that loads without running code: UnpicklingError"):
+        load_gpt(path)
+    assert not hostile.marker.exists()
+
+
+def test_a_checkpoint_is_read_as_a_regular_file_of_bounded_size(tmp_path, monkeypatch):
+    link = tmp_path / "link.pt"
+    link.symlink_to(CHECKPOINT)
+    with pytest.raises(ValueError, match=r"link\.pt: a symbolic link"):
+        load_gpt(link)
+    monkeypatch.setattr(checkpoint_module, "MAX_CHECKPOINT_BYTES", 2**20)
+    with pytest.raises(ValueError, match=r"tiny_gpt\.pt: longer than 1 MiB"):
+        load_gpt()
+
+
+@pytest.mark.parametrize("sizes", [
+    dict(vocab_size=2**20, d_model=2**14),  # 2**34 embedding numbers (64 GiB) in the config, a few KB of weights
+    dict(num_layers=256),  # 256 blocks asked for, one stored
+])
+def test_a_small_checkpoint_asking_for_a_huge_model_is_refused_before_allocating_it(tmp_path, monkeypatch, sizes):
+    tiny = GPT(GPTConfig(context_length=8, d_model=8, num_layers=1, num_heads=2), IMPLEMENTATIONS["sdpa_causal"])
+    path = tmp_path / "hostile.pt"
+    save_checkpoint(tiny, "sdpa_causal", path)
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["config"].update(sizes)
+    path.unlink()
+    path = saved(tmp_path, checkpoint, "hostile.pt")
+    assert path.stat().st_size < 64 * 2**10
+    built = []
+
+    def build_without_memory(config, attention_class):  # a model built outside the meta device allocates its weights
+        device = torch.empty(0).device.type
+        built.append(device)
+        if device != "meta":
+            raise AssertionError(f"a model of {config} built on {device} before its weights were checked")
+        return GPT(config, attention_class)
+
+    monkeypatch.setattr(checkpoint_module, "GPT", build_without_memory)
+    with pytest.raises(ValueError, match=r"hostile\.pt: .*(expected \(1048576, 16384\), got \(256, 8\)|num_layers=256, "
+                                         r"but the state holds the weights of 1 blocks)"):
+        load_gpt(path)
+    assert set(built) <= {"meta"}
+
+
+# --- The record beside the checkpoint: a strict schema, compared with the weights, escaped on the page ---
+
+HOSTILE_CPU = "AMD EPYC <script>alert(2)</script>"
+HOSTILE_COMMAND = "python -m attention.gpt.train --threads 1`<img src=x onerror=alert(1)>`"
+
+
+def written_record(tmp_path, edit):
+    """The shipped record, edited, written beside a copy of the shipped checkpoint (the weights it describes)."""
+    value = json.loads(PROVENANCE.read_text(encoding="utf-8"))
+    edit(value)
+    (tmp_path / "tiny_gpt.pt").write_bytes(CHECKPOINT.read_bytes())
+    path = tmp_path / "tiny_gpt.json"
+    path.write_text(json.dumps(value), encoding="utf-8")
+    return path
+
+
+def test_a_hostile_record_is_refused_naming_its_fields(tmp_path):
+    path = written_record(tmp_path, lambda value: value.update(cpu=HOSTILE_CPU, command=HOSTILE_COMMAND))
+    with pytest.raises(ValueError, match=r"tiny_gpt\.json: not a valid training record: ") as error:
+        read_provenance(path)
+    assert "command: 'python -m attention.gpt.train --threads 1`<img" in str(error.value)
+    assert "cpu: 'AMD EPYC <script>alert(2)</script>' is not a name" in str(error.value)
+
+
+@pytest.mark.parametrize("edit, pattern", [
+    (lambda value: value.update(extra="x"), r"'extra': unknown field"),
+    (lambda value: value.pop("torch"), r"torch: missing"),
+    (lambda value: value.update(final_validation_loss=float("nan")), r"final_validation_loss: nan is not a finite number"),
+    (lambda value: value["arguments"].update(lr=float("inf")), r"arguments\.lr: inf is not a finite number"),
+    (lambda value: value["text"].update(sha256="<b>"), r"text\.sha256: '<b>' is not a sha256"),
+    (lambda value: value["log"].update(step_train_loss=[1.0] * 100_001), r"log\.step_train_loss: 100001 items, at most 100000"),
+    (lambda value: value["log"]["step_train_loss"].pop(), r"log\.step_train_loss: 1499 losses for steps=1500"),
+    (lambda value: value["git"].update(commit="main"), r"git\.commit: 'main' is not a hexadecimal git commit"),
+    (lambda value: value["arguments"].update(out="/home/someone/attention/gpt/checkpoints"), r"arguments\.out: "),
+])
+def test_every_field_of_the_record_is_checked(tmp_path, edit, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        read_provenance(written_record(tmp_path, edit))
+
+
+@pytest.mark.parametrize("edit, pattern", [
+    (lambda value: value["config"].update(d_model=64),
+     r"its config \{.*'d_model': 64.*\} differs from the config \{.*'d_model': 128.*\} of the checkpoint .*tiny_gpt\.pt"),
+    (lambda value: value.update(attention="einsum") or value["arguments"].update(attention="einsum"),
+     r"its attention 'einsum' differs from the attention 'sdpa_causal' of the checkpoint .*tiny_gpt\.pt"),
+])
+def test_a_record_that_does_not_describe_the_weights_is_refused_naming_both(tmp_path, edit, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        read_provenance(written_record(tmp_path, edit))
+
+
+def test_the_page_escapes_every_string_it_shows_from_the_record():
+    from attention.gpt.checkpoint import record_rows
+
+    hostile = copy.deepcopy(RECORD)
+    hostile.update(cpu=HOSTILE_CPU, command=HOSTILE_COMMAND, python="3.11<i>")
+    hostile["git"]["commit"] = "<svg onload=x>" + "0" * 40
+    shown = dict(record_rows(hostile))
+    page = "\n".join(shown.values())
+    assert "<" not in page and ">" not in page
+    assert shown["command"] == ("`python -m attention.gpt.train --threads 1&#96;&lt;img src=x onerror=alert(1)&gt;&#96;`")
+    assert shown["machine"].startswith("AMD EPYC &lt;script&gt;alert(2)&lt;/script&gt;, ")
+    assert dict(record_rows(RECORD))["command"] == f"`{RECORD['command']}`"  # a valid record is shown as it is
+
+
+def test_the_shipped_record_holds_no_absolute_path():
+    def strings(value):
+        if isinstance(value, dict):
+            return [item for element in value.values() for item in strings(element)]
+        return [item for element in value for item in strings(element)] if isinstance(value, list) else [value]
+
+    assert RECORD["arguments"]["out"] == "attention/gpt/checkpoints"
+    assert not [text for text in strings(RECORD) if isinstance(text, str) and ("/home" in text or text.startswith("/"))]
+
+
+# --- The training script: outputs and options checked before training; never into the package unasked ---
+
+def never_train(*args, **kwargs):
+    raise AssertionError("trained although the options should have been refused")
+
+
+def test_training_writes_to_a_new_folder_in_the_current_directory_by_default(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    default_out = train_module.parse_args([]).out
+    assert not default_out.is_absolute() and default_out == Path("gpt-runs")  # never inside the installed package
+    shipped_bytes = CHECKPOINT.read_bytes()
+    record = train_main([*TINY_RUN[:1], "3", *TINY_RUN[2:]])
+    assert (tmp_path / "gpt-runs" / "tiny_gpt.pt").is_file() and (tmp_path / "gpt-runs" / "tiny_gpt.json").is_file()
+    assert CHECKPOINT.read_bytes() == shipped_bytes
+    assert record["arguments"]["out"] == "gpt-runs"  # relative to where the run started: no machine path
+    assert read_provenance(tmp_path / "gpt-runs" / "tiny_gpt.json") == record
+
+
+@pytest.mark.parametrize("existing", ["tiny_gpt.pt", "tiny_gpt.json"])
+def test_an_existing_output_is_refused_before_training_unless_forced(tmp_path, monkeypatch, capsys, existing):
+    (tmp_path / existing).write_text("precious")
+    monkeypatch.setattr(train_module, "train", never_train)
+    with pytest.raises(SystemExit):
+        train_main([*TINY_RUN, "--out", str(tmp_path)])
+    assert f"{existing}: exists already; pass --force" in capsys.readouterr().err
+    assert (tmp_path / existing).read_text() == "precious"
+    monkeypatch.undo()
+    train_main([*TINY_RUN[:1], "2", *TINY_RUN[2:], "--out", str(tmp_path), "--force"])
+    assert (tmp_path / existing).read_bytes() != b"precious"
+    assert read_provenance(tmp_path / "tiny_gpt.json")["arguments"]["force"] is True
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--out", "{file}"], "--out must be a folder (made if missing), got the file"),
+    (["--out", "{tmp}/missing/deeper"], "its folder {tmp}/missing does not exist"),
+    (["--name", "sub/dir/x"], "--name: 'sub/dir/x' is not a plain file name"),
+    (["--name", "../escaped"], "--name: '../escaped' is not a plain file name"),
+    (["--name", "/tmp/absolute"], "--name: '/tmp/absolute' is not a plain file name"),
+    (["--name", ".."], "--name: '..' is not a plain file name"),
+    (["--num-heads", "3"], "--num-heads must divide --d-model, got --d-model 128 and --num-heads 3"),
+    (["--d-model", "0"], "argument --d-model: d_model: 0 is outside"),
+    (["--num-layers", "-1"], "argument --num-layers: num_layers: -1 is outside"),
+    (["--lr", "inf"], "argument --lr: lr: inf is not a finite number"),
+    (["--lr", "nan"], "argument --lr: lr: nan is not a finite number"),
+    (["--lr", "0"], "argument --lr: lr: 0.0 is outside"),
+    (["--warmup", "-5"], "argument --warmup: warmup: -5 is outside"),
+    (["--context-length", "500000"], "argument --context-length: context_length: 500000 is outside"),
+    (["--context-length", "{validation}"], "--context-length must be below {validation:,}, the validation text's length"),
+    (["--attention", "rope", "--d-model", "36"], "--attention rope with --d-model 36, --num-heads 4"),
+])
+def test_bad_training_options_are_usage_errors_before_training(tmp_path, monkeypatch, capsys, options, message):
+    (tmp_path / "afile").write_text("notes")
+    monkeypatch.setattr(train_module, "train", never_train)
+    monkeypatch.chdir(tmp_path)
+    _, validation = data.split(data.encode(data.training_text()))
+    values = dict(file=tmp_path / "afile", tmp=tmp_path, validation=len(validation))  # the shortest window too long
+    with pytest.raises(SystemExit) as exit_:
+        train_main([option.format(**values) for option in options])
+    assert exit_.value.code == 2
+    assert message.format(**values) in capsys.readouterr().err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["afile"]
+
+
+def test_training_stops_and_writes_nothing_when_the_loss_is_not_finite(tmp_path, monkeypatch):
+    calls, cross_entropy = [], torch.nn.functional.cross_entropy
+
+    def diverging(*args, **kwargs):  # the third step's loss is NaN, as a learning rate too large makes it
+        calls.append(1)
+        loss = cross_entropy(*args, **kwargs)
+        return loss * float("nan") if len(calls) == 3 else loss
+
+    monkeypatch.setattr(torch.nn.functional, "cross_entropy", diverging)
+    with pytest.raises(SystemExit, match="the training loss became nan at step 3 .*nothing written"):
+        train_main([*TINY_RUN, "--out", str(tmp_path / "runs")])
+    assert not (tmp_path / "runs").exists()

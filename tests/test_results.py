@@ -7,7 +7,10 @@ import copy
 import html.parser
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import markdown
@@ -139,10 +142,79 @@ def test_unknown_fields_a_huge_rows_list_and_a_huge_file_are_refused(tmp_path):
     assert f"decode.rows: {len(huge['decode']['rows'])} items, at most {results.MAX_ROWS}" in results.validate(huge)
     big = tmp_path / "cpu-big.json"
     big.write_text(" " * (results.MAX_FILE_BYTES + 1) + "{}")
-    assert results.check_file(big)["problems"] == ["cannot be read: 16.0 MiB, at most 16 MiB"]
+    refusal = "cannot be read: longer than 16 MiB, the most this file may hold: refused"
+    assert results.check_file(big)["problems"] == [refusal]
     named = tmp_path / "cpu-<b>.json"
     named.write_text(json.dumps(FILES["sequence"]))
     assert results.check_file(named)["problems"][0].startswith("file name: 'cpu-<b>.json' is not")
+
+
+def limited_memory():  # the child's address space: a reader that never stops fails fast, not the machine
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo") or not Path("/dev/zero").exists(), reason="needs a FIFO and /dev/zero")
+def test_a_file_that_is_not_regular_is_not_valid_and_never_read(tmp_path):
+    """A symlink to /dev/zero was read until memory ran out, a FIFO blocked forever, a symlink to a JSON file had its
+    key names printed ("'auths': unknown field"): each is now NOT valid with the reason, read from nowhere. The
+    validator runs in a child process with a deadline and a memory limit, so a hang or a runaway read fails the test."""
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (tmp_path / "auths.json").write_text(json.dumps({"auths": {"registry": {"auth": "c2VjcmV0"}}}))
+    (folder / "cpu-zero.json").symlink_to("/dev/zero")
+    (folder / "cpu-secrets.json").symlink_to(tmp_path / "auths.json")
+    os.mkfifo(folder / "cpu-fifo.json")
+    reasons = {"cpu-zero.json": "a symbolic link", "cpu-secrets.json": "a symbolic link", "cpu-fifo.json": "a FIFO"}
+    paths = [str(folder / name) for name in reasons]
+    script = "import sys; from attention.bench.__main__ import main; sys.exit(main(['--validate', *sys.argv[1:]]))"
+    done = subprocess.run([sys.executable, "-c", script, *paths], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), preexec_fn=limited_memory, check=False)
+    assert done.returncode == 1 and done.stderr == "", done.stderr[-2000:]
+    assert done.stdout == "".join(f"{folder / name}: NOT valid, 1 problem(s):\n  - cannot be read: {kind}, not a "
+                                  "regular file: refused\n" for name, kind in reasons.items())
+    assert "auths" not in done.stdout
+    for name, kind in reasons.items():
+        with pytest.raises(ValueError, match=re.escape(f"{folder / name}: {kind}, not a regular file")):
+            results.read(folder / name)
+    assert results.find_results(folder) == []
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("[" * 100_000 + "]" * 100_000, "JSON nested too deeply to read"),
+    ('{"a":' * 50_000 + "1" + "}" * 50_000, "JSON nested too deeply to read"),
+    # Under the parser's limit but past the validator's: quoting the value in a message recursed past the stack.
+    ('{"schema_version": ' + "[" * 900 + "]" * 900 + "}", "objects and lists nested more than 32 deep"),
+    ('{"schema_version": 3, "complete": true, "schema_version": 3}', "the key 'schema_version' appears twice in one object"),
+])
+def test_a_deep_or_ambiguous_file_is_not_valid_with_the_reason(tmp_path, capsys, text, reason):
+    """Deep nesting printed a RecursionError traceback; a repeated key was read as its last value (a reviewer saw
+    `"status": "<img onerror>"`, the pages `"ok"`)."""
+    from attention.bench.__main__ import main
+
+    path = tmp_path / "cpu-odd.json"
+    path.write_text(text)
+    assert main(["--validate", str(path)]) == 1
+    assert capsys.readouterr().out == f"{path}: NOT valid, 1 problem(s):\n  - cannot be read: {reason}\n"
+    assert main(["--migrate", str(path)]) == 1
+    assert f"{path}: not migrated (ValueError: {reason})" in capsys.readouterr().out
+
+
+def test_a_repeated_key_in_a_row_is_not_valid(tmp_path):
+    text = json.dumps(FILES["sequence"], indent=1)
+    path = tmp_path / "cpu-twice.json"
+    path.write_text(text.replace('"status": "ok",', '"status": "<img src=x onerror=alert(1)>", "status": "ok",', 1))
+    assert results.check_file(path)["problems"] == ["cannot be read: the key 'status' appears twice in one object"]
+
+
+@pytest.mark.parametrize("version", [[], {}, "3", None])
+def test_a_schema_version_of_another_type_is_named_not_a_traceback(tmp_path, version):
+    path = tmp_path / "cpu-version.json"
+    path.write_text(json.dumps(dict(FILES["sequence"], schema_version=version)))
+    assert any(problem.startswith("schema_version: ") for problem in results.check_file(path)["problems"])
+    with pytest.raises(ValueError, match="schema_version"):
+        results.migrate(json.loads(path.read_text()))
 
 
 def test_escaped_strings_are_text_in_markdown_and_html():

@@ -5,17 +5,28 @@ consecutive group of P (so P = 1, 2 and 4 share the launch, and the two groups o
 ranks), forward and backward, causal and not, both layouts, T not divisible by P (padding), grouped K/V
 heads; PyTorch's own ring (the engine of `context_parallel`) runs beside it on the CPU flash kernel. The same
 launch runs the `torchrun` entry point and the measurement. A second launch makes one process crash and one
-stop answering mid-ring: the others must end with a clear error, not hang. The rest runs in this process.
+stop answering mid-ring: the others must end with a clear error, not hang. A third calls the ring differently
+on each rank: every rank must raise the same ValueError, not abort in gloo. What the processes listen on is
+read from /proc (tests/listening.py): 127.0.0.1 only, also where GLOO_SOCKET_IFNAME names a network interface
+and where the host name resolves to the network address (a namespace of its own). The rest runs in this process.
 """
 
+import json
 import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
 from helpers import tolerance
+from listening import listening, non_loopback_interface, report_listeners
 
+import attention.distributed.__main__ as cli
 from attention.distributed import ContextParallelAttention, check, launch
 from attention.distributed.__main__ import main as cli_main
 from attention.distributed.measure import count_sent_bytes, expected_sent_bytes, measure_ring, ring_work
@@ -63,7 +74,9 @@ def _launched_worker(cases, cli_path):
     shards = check.run_cases_here(cases)
     cli_main(CLI_ARGS + ["--save", cli_path])
     measured = {size: measure_ring(**MEASURE, group=launch.subgroup(size)) for size in (2, 4)}
-    return {"shards": shards, "measured": measured, "context_parallel": check.try_context_parallel(CONTEXT_PARALLEL_CASE)}
+    context_parallel = check.try_context_parallel(CONTEXT_PARALLEL_CASE)
+    return {"shards": shards, "measured": measured, "context_parallel": context_parallel,
+            "listening": listening(os.getpid()) if sys.platform == "linux" else None}
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +85,7 @@ def launched(tmp_path_factory):
     per_rank = launch.run_on_processes(_launched_worker, WORLD_SIZE, CASES, cli_path, timeout_s=600)
     return {"results": check.join_shards(CASES, [r["shards"] for r in per_rank]),
             "cli": torch.load(cli_path), "measured": [r["measured"] for r in per_rank],
-            "context_parallel": per_rank[0]["context_parallel"]}
+            "context_parallel": per_rank[0]["context_parallel"], "listening": [r["listening"] for r in per_rank]}
 
 
 def reference_results(case):
@@ -176,7 +189,180 @@ def test_a_failing_process_ends_the_others_with_a_clear_error():
     for survivor in (0, 2):  # each waited for its neighbour, and said so
         assert "ring attention stopped at step 0 of 2 on rank 0" in reports[survivor], reports[survivor]
         assert "key and value gradients" in reports[survivor] or "keys and values" in reports[survivor]
+    for failed in (1, 3):  # an exchange that fails as it is posted says where the ring stopped too
+        assert "ring attention stopped at step 0 of 2 on rank 1: exchanging keys and values" in reports[failed], \
+            reports[failed]
     assert time.monotonic() - started < 100  # ended by the errors and the 5 s timeout, not by the launcher's limit
+
+
+def _disagreeing_worker(calls):
+    """Rank r makes each call with `calls[i][r]` (its shapes, dtype and options); every error, as `type: message`,
+    or "ran". After them, rank 1 leaves and rank 0 calls the ring alone: its error, last."""
+    rank, outcomes = dist.get_rank(), []
+    for call in calls:
+        L, kv_heads, dtype, options = call[rank]
+        q = torch.randn(1, 2, L, 4).to(dtype)
+        kv = torch.randn(1, kv_heads, L, 4).to(dtype)
+        try:
+            ring_attention(q, kv, kv, **options)
+            outcomes.append("ran")
+        except (TypeError, ValueError) as error:
+            outcomes.append(f"{type(error).__name__}: {error}")
+    if rank == 0:
+        time.sleep(0.5)  # rank 1 is gone (its process has ended)
+        try:
+            ring_attention(torch.randn(1, 2, 4, 4), torch.randn(1, 1, 4, 4), torch.randn(1, 1, 4, 4))
+        except RuntimeError as error:
+            outcomes.append(f"{type(error).__name__}: {error}")
+    return outcomes
+
+
+AGREED = (4, 1, torch.float32, dict(layout="contiguous"))
+DISAGREEING = [  # (rank 0's call, rank 1's call), what the error must say
+    ((4, 1, torch.float32, dict(layout="contiguous")), (6, 1, torch.float32, dict(layout="contiguous")),
+     "L (positions per shard) is 4 on rank 0, 6 on rank 1; seq_len is 8 on rank 0, 12 on rank 1"),
+    (AGREED, (4, 2, torch.float32, dict(layout="contiguous")), "H_kv is 1 on rank 0, 2 on rank 1"),
+    (AGREED, (4, 1, torch.float64, dict(layout="contiguous")), "dtype is torch.float32 on rank 0, torch.float64 on rank 1"),
+    (AGREED, (4, 1, torch.float32, dict(layout="contiguous", causal=False)), "causal is True on rank 0, False on rank 1"),
+    (AGREED, (4, 1, torch.float32, dict(layout="zigzag")), "layout is contiguous on rank 0, zigzag on rank 1"),
+    (AGREED, (4, 1, torch.float32, dict(layout="contiguous", seq_len=7)), "seq_len is 8 on rank 0, 7 on rank 1"),
+]
+
+
+def test_ranks_called_differently_all_raise_a_value_error_naming_what_differs():
+    calls = [(first, second) for first, second, _ in DISAGREEING]
+    calls += [(AGREED, (4, 1, torch.int64, dict(layout="contiguous"))), (AGREED, AGREED)]  # rank 1 refuses; then alike
+    outcomes = launch.run_on_processes(_disagreeing_worker, 2, calls, group_timeout_s=20, timeout_s=120)
+    for index, (_, _, differs) in enumerate(DISAGREEING):  # the same error on both ranks, instead of gloo's abort
+        for rank in (0, 1):
+            assert outcomes[rank][index] == (
+                "ValueError: ring_attention needs the same call on every rank of the group (shards of one shape and "
+                f"dtype, the same causal, layout and seq_len), and the 2 ranks differ: {differs}"), outcomes[rank][index]
+    refused = len(DISAGREEING)
+    assert outcomes[0][refused] == ("ValueError: ring_attention: rank 1 of the group refused its arguments (see its "
+                                    "own error); every rank stops before the ring starts")
+    assert outcomes[1][refused].startswith("TypeError: q, k, v must be floating-point tensors of one dtype, got "
+                                           "q.dtype=torch.int64"), outcomes[1][refused]
+    assert outcomes[0][refused + 1] == outcomes[1][refused + 1] == "ran"  # the group is still usable
+    assert len(outcomes[1]) == refused + 2
+    alone = outcomes[0][refused + 2]
+    assert alone.startswith("RuntimeError: ring attention stopped before step 0 of 2 on rank 0: comparing the ranks' "
+                            "arguments failed. Another process of the group failed"), alone
+
+
+class _RunsCodeWhenLoaded:
+    """A result whose unpickling calls `Path.touch` on a marker: what a load that runs a file's code would do."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return pathlib.Path.touch, (pathlib.Path(self.marker),)
+
+
+def _returns_code(marker):
+    return {"out": torch.zeros(2), "note": _RunsCodeWhenLoaded(marker)}
+
+
+def test_results_are_loaded_as_data_even_where_the_environment_forces_unpickling(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")  # torch.load's default becomes weights_only=False
+    marker = tmp_path / "code-ran"
+    with pytest.raises(RuntimeError, match="rank 0 returned something other than tensors, numbers, strings, and lists, "
+                                           r"tuples and dicts of them, which torch.load\(weights_only=True\) refused"):
+        launch.run_on_processes(_returns_code, 1, str(marker), timeout_s=120)
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What listens: every socket of the launch's processes on 127.0.0.1, whatever the host name or GLOO_SOCKET_IFNAME
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _interface_or_skip():
+    if sys.platform != "linux":
+        pytest.skip(f"reads listening sockets from /proc (Linux), this is {sys.platform}")
+    interface = non_loopback_interface()
+    if interface is None:
+        pytest.skip("no network interface other than loopback has an IPv4 address: nothing to listen on instead")
+    return interface
+
+
+def _assert_on_loopback_only(report):
+    assert len(report["listening"]) >= 2, report  # the launch's group and the one made inside
+    assert all(host == "127.0.0.1" for host, _ in report["listening"]), report["listening"]
+
+
+def test_the_launch_listens_on_loopback_only(launched):
+    """The 4 processes of the launch above, with their groups of 1, 2 and 4 (as the host name resolves here)."""
+    if sys.platform != "linux":
+        pytest.skip(f"reads listening sockets from /proc (Linux), this is {sys.platform}")
+    for report in launched["listening"]:
+        assert report and all(host == "127.0.0.1" for host, _ in report), report
+
+
+def test_a_launched_process_listens_on_loopback_whatever_gloo_socket_ifname_names(tmp_path, monkeypatch):
+    """A launched process (`_process_main`, one rank, here) where GLOO_SOCKET_IFNAME names a network
+    interface, as it would in the environment of a launch: torch's gloo listens there."""
+    name, _ = _interface_or_skip()
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", name)
+    threads = torch.get_num_threads()
+    try:
+        launch._process_main(0, report_listeners, 1, (), str(tmp_path), 30.0)
+    except SystemExit:
+        pytest.fail((tmp_path / "error-0.txt").read_text())
+    finally:
+        torch.set_num_threads(threads)
+    _assert_on_loopback_only(torch.load(tmp_path / "result-0.pt", weights_only=True))
+
+
+def test_a_launched_process_listens_on_loopback_where_the_host_name_resolves_elsewhere(tmp_path):
+    """The same in a new process with a host name and an /etc/hosts of its own (mount and UTS namespaces) that
+    map the name to this machine's network address, as many hosts' files do: torch's gloo listens there."""
+    _, address = _interface_or_skip()
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare to give a process a host name and an /etc/hosts of its own")
+    tried = subprocess.run(["unshare", "-m", "-u", "true"], capture_output=True, text=True)
+    if tried.returncode != 0:
+        pytest.skip(f"unshare -m -u is not allowed here: {tried.stderr.strip()}")
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"127.0.0.1 localhost\n{address} ring-test-host\n")
+    # launch.py imports torch only: loaded from its file, without the package's imports (seconds of them)
+    script = ("import importlib.util, json, pathlib, sys, torch\nfrom listening import report_listeners\n"
+              "spec = importlib.util.spec_from_file_location('launch', sys.argv[1])\n"
+              "launch = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(launch)\n"
+              "launch._process_main(0, report_listeners, 1, (), sys.argv[2], 30.0)\n"
+              "print(json.dumps(torch.load(pathlib.Path(sys.argv[2], 'result-0.pt'), weights_only=True)))")
+    tests = pathlib.Path(__file__).resolve().parent
+    namespace = ["unshare", "-m", "-u", "sh", "-c", 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"',
+                 "sh", str(hosts), "ring-test-host"]
+    done = subprocess.run([*namespace, sys.executable, "-c", script, launch.__file__, str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(tests)})
+    error_file = tmp_path / "error-0.txt"
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:] + (
+        error_file.read_text() if error_file.exists() else "")
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["resolves_to"] == address  # what the test is about: the name resolves to the network address
+    _assert_on_loopback_only(report)
+
+
+def test_the_entry_point_listens_on_loopback_when_every_rank_is_on_this_machine(monkeypatch):
+    """`python -m attention.distributed` as torchrun starts it (one process here), with GLOO_SOCKET_IFNAME
+    naming a network interface: its gloo group listens on 127.0.0.1. (The store on MASTER_PORT is the one
+    torchrun's agent serves, on every interface: torch's behaviour, said in the docstring.)"""
+    name, _ = _interface_or_skip()
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        store_port = free.getsockname()[1]
+    for variable, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                                MASTER_PORT=str(store_port), GLOO_SOCKET_IFNAME=name).items():
+        monkeypatch.setenv(variable, value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU path, gloo, on any machine
+    seen, report = [], cli._report
+    monkeypatch.setattr(cli, "_report", lambda *args: (seen.extend(listening(os.getpid())), report(*args)))
+    cli_main(["--seq-len", "8", "--heads", "2", "--kv-heads", "1", "--head-dim", "4"])
+    gloo = [(host, port) for host, port in seen if port != store_port]
+    assert gloo and all(host == "127.0.0.1" for host, _ in gloo), seen
+    assert not dist.is_initialized()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -266,6 +452,49 @@ def test_bad_arguments_raise_clear_errors():
         unshard_sequence([q, q], 20, "zigzag")
     with pytest.raises(ValueError, match="world_size must be a positive int"):
         launch.run_on_processes(print, 0)
+
+
+def test_integer_tensors_mixed_dtypes_and_sizes_of_zero_are_refused():
+    q, kv = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16)
+    with pytest.raises(TypeError, match="floating-point tensors of one dtype, got q.dtype=torch.int64, k.dtype=torch.int64"):
+        ring_attention(q.long(), kv.long(), kv.long())
+    with pytest.raises(TypeError, match="got q.dtype=torch.float32, k.dtype=torch.float64, v.dtype=torch.float64"):
+        ring_attention(q, kv.double(), kv.double())
+    with pytest.raises(ValueError, match=r"no size 0, got q \(1, 4, 8, 0\)"):  # head_dim 0: no scale 1/sqrt(0)
+        ring_attention(torch.randn(1, 4, 8, 0), torch.randn(1, 2, 8, 0), torch.randn(1, 2, 8, 0))
+    with pytest.raises(ValueError, match=r"no size 0, got q \(1, 4, 8, 16\), k \(1, 0, 8, 16\)"):
+        ring_attention(q, torch.randn(1, 0, 8, 16), torch.randn(1, 0, 8, 16))
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--heads", "0"], "argument --heads: expected a positive integer, got '0'"),
+    (["--batch", "0"], "argument --batch: expected a positive integer, got '0'"),
+    (["--kv-heads", "0"], "argument --kv-heads: expected a positive integer, got '0'"),
+    (["--head-dim", "0"], "argument --head-dim: expected a positive integer, got '0'"),
+    (["--seq-len", "-3"], "argument --seq-len: expected a positive integer, got '-3'"),
+    (["--kv-heads", "3"], "--kv-heads must divide --heads, got --heads 8 --kv-heads 3"),
+    (["--timeout-s", "0"], "argument --timeout-s: expected a finite number of seconds above 0, got '0'"),
+    (["--timeout-s", "-5"], "argument --timeout-s: expected a finite number of seconds above 0, got '-5'"),
+    (["--timeout-s", "nan"], "argument --timeout-s: expected a finite number of seconds above 0, got 'nan'"),
+    (["--timeout-s", "inf"], "argument --timeout-s: expected a finite number of seconds above 0, got 'inf'"),
+])
+def test_the_entry_point_refuses_bad_options_before_joining_a_group(argv, says, capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.parse_args(argv)
+    assert exited.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_the_entry_point_checks_where_it_saves_before_running(tmp_path, capsys):
+    existing = tmp_path / "notes.txt"
+    existing.write_text("precious")
+    for path, says in [(tmp_path, f"--save {tmp_path}: a folder; name a file to write"),
+                       (tmp_path / "missing" / "results.pt", f"its folder {tmp_path / 'missing'} does not exist"),
+                       (existing, f"--save {existing}: exists already; pass --force to replace it")]:
+        with pytest.raises(SystemExit) as exited:
+            cli.parse_args(["--save", str(path)])
+        assert exited.value.code == 2 and says in capsys.readouterr().err
+    assert cli.parse_args(["--save", str(existing), "--force"]).force
+    assert existing.read_text() == "precious"
 
 
 def test_causal_work_is_balanced_by_the_zigzag_layout():

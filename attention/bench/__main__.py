@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from attention import report
+from attention import files, report
 from attention.bench import SWEEPS, core, profiles, results
 from attention.bench.provenance import device_info, git_state, source_files
 from attention.registry import IMPLEMENTATIONS
@@ -80,7 +80,9 @@ def build_parser():
     parser.add_argument("--heads", type=positive_int, dest="num_heads", help="query heads (default 12; decode 32)")
     parser.add_argument("--repeats", type=positive_int, dest="min_repeats", help="timing blocks per row at least")
     parser.add_argument("--impl", nargs="+", dest="implementations", metavar="NAME", help="classes to run (below)")
-    parser.add_argument("--out", metavar="FILE", help="write the results file here (rewritten after every row)")
+    parser.add_argument("--out", metavar="FILE", help="write the results file here (rewritten after every row); an "
+                        "existing file is refused unless --force")
+    parser.add_argument("--force", action="store_true", help="let --out replace an existing file")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--validate", nargs="+", metavar="FILE", help="check results files instead of running; exit "
                         "status 1 if any is not valid (a run recorded with older sources is valid, and said to be)")
@@ -112,11 +114,21 @@ def main(argv=None):
         return refresh(args.refresh, parser, argv, not args.quiet)
     if args.validate or args.migrate:
         for path in args.migrate or ():
-            core.write_result(results.migrate(results.read(path)), path)
+            try:
+                migrated = results.migrate(results.read(path))
+            except (ValueError, KeyError, TypeError, AttributeError) as error:  # the validator below says why in full
+                print(f"{path}: not migrated ({type(error).__name__}: {str(error).removeprefix(f'{path}: ')})")
+                continue
+            core.write_result(migrated, path, force=True)  # rewriting the file in place is what --migrate is for
             print(f"{path}: schema_version {results.SCHEMA_VERSION}")
         verdicts = {path: results.check_file(path) for path in args.validate or args.migrate}
         print("\n".join(report.check_report(path, checked) for path, checked in verdicts.items()))
         return 1 if any(checked["problems"] for checked in verdicts.values()) else 0
+    if args.out:  # before any work: a measured run must not end in a path it cannot write, or over another file
+        try:
+            files.check_new_file(args.out, force=args.force)
+        except (ValueError, FileExistsError) as error:
+            parser.error(f"--out: {error}")
     try:
         plan = config_from_args(args)
         device = core.resolve_device(args.device)
@@ -124,7 +136,9 @@ def main(argv=None):
     except ValueError as error:
         parser.error(str(error))
     argv = None if argv is None else ["python", "-m", "attention.bench", *argv]
-    result = core.run(plan, args.device, args.dtype, argv, args.out, not args.quiet)
+    envelope = core.Envelope(plan.profile, args.device, args.dtype, argv, args.out)
+    envelope.progress, envelope.force = not args.quiet, args.force
+    result = envelope.run(plan)
     print(report.provenance_summary(result))
     for sweep, _ in plan.sweeps:
         print("\n" + report.PAGES[sweep.NAME].tables(result))

@@ -10,11 +10,11 @@ import json
 import math
 import sys
 import time
-from pathlib import Path
 from typing import Callable, NamedTuple, TypedDict, Annotated
 
 import torch
 
+from attention import files
 from attention.bench import metrics
 from attention.bench.provenance import collect_provenance, load_average, meminfo_bytes
 from attention.bench.results import (BOOLEAN, BYTES, COUNT, DEVICE_TYPES, KERNEL_NAME, MS, RATE, REASON, REASON_CHARS,
@@ -214,30 +214,31 @@ def measure(call, check, device, timing, yardstick, reset=lambda: None):
     return row
 
 
-def write_result(result, path):
-    """Write `result` as indented JSON to `path` (directories created), atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(result, indent=1, allow_nan=False) + "\n")
-    temporary.replace(path)
-    return path
+def write_result(result, path, force=False):
+    """Write `result` as indented JSON to `path` (`attention.files.write_bytes`: atomically, into an existing folder,
+    over an existing file only if `force`)."""
+    return files.write_bytes(path, json.dumps(result, indent=1, allow_nan=False) + "\n", force)
 
 
 class Envelope:
     """A results file while it is measured, a context manager around the run: `device` and `dtype` resolved once for
     all its sweeps, `argv` the command line to record (default `sys.argv`), `out` the file to write (None: in memory).
-    `progress = False` silences the progress lines (stderr)."""
+    `progress = False` silences the progress lines (stderr); `force = True` lets the run replace a file that is at
+    `out` before it starts (without it, `ValueError`/`FileExistsError` on entering, before anything is measured).
+    The run rewrites its own file after every row. It does not continue a partial file: a run starts afresh."""
 
     def __init__(self, profile, device="auto", dtype="float32", argv=None, out=None):
         self.device = resolve_device(device)
         check_dtype(dtype, self.device)
         self.dtype, self.out, self.progress, self.total, self.done = DTYPES[dtype], out, True, 0, 0
+        self.force, self.written = False, False
         self.result = {"schema_version": SCHEMA_VERSION, "complete": False, "profile": profile,
                        "device_type": self.device.type, "dtype": dtype}
         self.argv = argv
 
     def __enter__(self):
+        if self.out:
+            files.check_new_file(self.out, self.force)
         self.started = time.perf_counter()
         self.precision = torch.get_float32_matmul_precision()
         torch.set_float32_matmul_precision("high" if self.result["dtype"] == "tf32" else "highest")
@@ -283,18 +284,23 @@ class Envelope:
         self.checkpoint()
 
     def checkpoint(self):
-        if self.out:
-            write_result(self.result, self.out)
+        if self.out:  # the first write replaces a file only with `force`; later ones replace the run's own
+            write_result(self.result, self.out, force=self.force or self.written)
+            self.written = True
+
+    def run(self, plan):
+        """Measure a `profiles.Plan` (a profile, its sweeps and their configs) in this envelope; returns the result."""
+        with self:
+            for sweep, config in plan.sweeps:
+                sweep.run(config, self)
+        return self.result
 
 
 def run(plan, device="auto", dtype="float32", argv=None, out=None, progress=True):
-    """Measure a `profiles.Plan` (a profile, its sweeps and their configs) in one envelope; returns the result."""
+    """Measure a `profiles.Plan` in one `Envelope` (`out`: never over an existing file); returns the result."""
     envelope = Envelope(plan.profile, device, dtype, argv, out)
     envelope.progress = progress
-    with envelope:
-        for sweep, config in plan.sweeps:
-            sweep.run(config, envelope)
-    return envelope.result
+    return envelope.run(plan)
 
 
 def release(device):  # what the last rows left behind: Python garbage and the device's cache

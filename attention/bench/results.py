@@ -8,12 +8,12 @@ unknown fields are refused, and each problem names its field. docs/benchmark-sch
 """
 
 import copy
-import json
 import math
 import re
 import typing
 from pathlib import Path
 
+from attention import files
 from attention.bench.metrics import SDPA_KERNEL_PATTERNS, SDPA_OPS, TOLERANCES
 from attention.bench.provenance import REPO_DIR, RESULT_FLAGS, dependencies, source_files
 
@@ -21,6 +21,9 @@ from attention.bench.provenance import REPO_DIR, RESULT_FLAGS, dependencies, sou
 SCHEMA_VERSION = 3
 RESULTS_DIR = REPO_DIR / "docs" / "results"
 MAX_FILE_BYTES, MAX_ROWS = 16 * 2**20, 5000
+# Objects and lists inside one another, at most (a recorded file nests 6 deep): the validator, `escaped` and the
+# messages that quote a value walk a file recursively, and a deeper file would exhaust Python's stack there.
+MAX_DEPTH = 32
 DEVICE_TYPES = ("cpu", "cuda", "mps")
 FILE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,79}\.json")  # the pages show it: a name, nothing else
 # What a recorded error message may hold: no Markdown link, HTML or code span can be written with these.
@@ -286,10 +289,24 @@ def escaped(value):
 
 
 def read(path):
-    """The JSON object in `path` (NaN and infinities read as floats, for the validator to name)."""
-    if (size := Path(path).stat().st_size) > MAX_FILE_BYTES:
-        raise ValueError(f"{size / 2**20:.1f} MiB, at most {MAX_FILE_BYTES // 2**20} MiB")
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+    """The JSON object in the regular file `path` (`attention.files.read_json`: at most `MAX_FILE_BYTES`, unique keys;
+    NaN and infinities read as floats, for the validator to name); `ValueError` naming the file for anything else,
+    and for nesting deeper than `MAX_DEPTH`."""
+    result = files.read_json(path, MAX_FILE_BYTES)
+    if nesting_depth(result) > MAX_DEPTH:
+        raise ValueError(f"{path}: objects and lists nested more than {MAX_DEPTH} deep")
+    return result
+
+
+def nesting_depth(value):
+    """How many objects and lists deep `value` goes (0 for a string or a number), counted without recursion."""
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            pending.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def load_result(path):
@@ -324,12 +341,14 @@ def check_file(path):
         f"file name: {_shown(Path(path).name)} is not lower-case letters, digits and ._- ending in .json"]
     try:
         result = read(path)
-    except (OSError, ValueError) as error:  # json.JSONDecodeError is a ValueError
-        return {"result": None, "problems": problems + [f"cannot be read: {error}"], "changed": []}
-    if (version := result.get("schema_version") if isinstance(result, dict) else None) in MIGRATIONS:
+    except (OSError, ValueError) as error:  # the report names the file already: the reason alone
+        return {"result": None, "problems": problems + [f"cannot be read: {str(error).removeprefix(f'{path}: ')}"],
+                "changed": []}
+    version = result.get("schema_version") if isinstance(result, dict) else None
+    if isinstance(version, int) and version in MIGRATIONS:  # a list or an object there is not a key: the rules name it
         problems.append(f"schema_version: {version}, an older layout: python -m attention.bench --migrate FILE "
                         f"rewrites it as version {SCHEMA_VERSION}")
-    problems += [] if version in MIGRATIONS else validate(result)
+    problems += [] if isinstance(version, int) and version in MIGRATIONS else validate(result)
     return {"result": None if problems else result, "problems": problems,
             "changed": [] if problems else changed_sources(result)}
 
@@ -380,11 +399,14 @@ MIGRATIONS = {2: _from_version_2}
 
 
 def migrate(result):
-    """`result` rewritten as the current `SCHEMA_VERSION`, one version at a time (a copy; numbers untouched)."""
+    """`result` rewritten as the current `SCHEMA_VERSION`, one version at a time (a copy; numbers untouched);
+    `ValueError` for a value that is not an object of a known version."""
+    if not isinstance(result, dict):
+        raise ValueError(f"expected a JSON object, got {_shown(result)}")
     result = copy.deepcopy(result)
     while result.get("schema_version") != SCHEMA_VERSION:
         version = result.get("schema_version")
-        if version not in MIGRATIONS:
+        if not isinstance(version, int) or version not in MIGRATIONS:
             raise ValueError(f"schema_version {version!r}: no migration to {SCHEMA_VERSION} (known: {list(MIGRATIONS)})")
         result = MIGRATIONS[version](result)
     return result

@@ -4,10 +4,10 @@
 (`ring_attention`, torch-only, copy it alone) keeps it, and the tests (tests/test_ring.py) check it on
 1, 2 and 4 processes against the float64 reference on the whole sequence.
 
-Beside it: `launch.py` runs a function on P local processes joined by a gloo process group (the tests and
-the page use it; under `torchrun` a script needs none of it), `check.py` the distributed equality check
-(also `torchrun --nproc-per-node P -m attention.distributed`), `measure.py` time, peak memory and bytes
-sent per process, for a benchmark sweep to call.
+Beside it: `launch.py` runs a function on P local processes joined by a gloo process group listening on
+127.0.0.1 only (the tests and the page use it; under `torchrun` a script needs none of it), `check.py`
+the distributed equality check (also `torchrun --nproc-per-node P -m attention.distributed`), `measure.py`
+time, peak memory and bytes sent per process, for a benchmark sweep to call.
 """
 
 from typing import Protocol, runtime_checkable
@@ -31,6 +31,9 @@ class ContextParallelAttention(Protocol):
       causal work); **`seq_len`**: the length before padding, keys past it are never attended to.
     * **Differentiable**: the gradients of each rank's shard come from the distributed backward pass,
       never from gathering the sequence on one process.
+    * **Ranks called alike**: shards of one shape and floating dtype, the same `causal`, `layout` and
+      `seq_len` on every rank; where they differ (or a rank refuses its own arguments), every rank raises
+      `ValueError` naming the ranks and what differs, before any block travels.
     * **Fails, never hangs**: if another rank fails or stops answering, the call raises `RuntimeError`
       within the process group's timeout.
     """

@@ -3,7 +3,10 @@
 What `torchrun --nproc-per-node P` does for a script, as a function the tests and the example page can
 call: P fresh processes (forked from a fork server that imported torch once), one `torch.distributed`
 process group over a file store in a temporary folder (no network port to pick), each process's return
-value saved and loaded back in rank order. A process that raises does not take the others down with it:
+value saved and loaded back in rank order (`torch.load(weights_only=True)`: tensors, numbers, strings and
+containers of them, never code). Nothing listens on the network: the processes meet through the file, and
+the sockets gloo opens for the data listen on 127.0.0.1 only (`LOOPBACK_GLOO`), whatever the host name
+resolves to and whatever `GLOO_SOCKET_IFNAME` says. A process that raises does not take the others down with it:
 they run on until they finish or fail in turn (a ring attention waiting for the failed rank raises within
 the group's timeout), and the call then raises one error with every failed rank's traceback. Processes
 still running after `timeout_s` are ended.
@@ -14,6 +17,7 @@ import datetime
 import multiprocessing
 import os
 import pathlib
+import pickle
 import shutil
 import sys
 import tempfile
@@ -25,6 +29,8 @@ import torch.distributed as dist
 import torch.multiprocessing
 
 _group_timeout = None  # set in each launched process: the timeout of its process group, which subgroups take too
+LOOPBACK = "127.0.0.1"
+LOOPBACK_GLOO = "gloo_loopback"  # the backend `loopback_gloo()` registers: gloo with its device on LOOPBACK
 
 
 def run_on_processes(fn, world_size, *args, timeout_s=300.0, group_timeout_s=60.0):
@@ -32,6 +38,8 @@ def run_on_processes(fn, world_size, *args, timeout_s=300.0, group_timeout_s=60.
 
     `fn` must be importable (a module-level function of a module, not of the script that calls this) and
     finds its rank with `torch.distributed.get_rank()`. Each process uses `os.cpu_count() // world_size` threads (at least one).
+    The group's backend is gloo on 127.0.0.1 (`loopback_gloo()`), and so is every group `fn` makes with
+    `torch.distributed.new_group` (or `subgroup`): no process listens on another address.
 
     Args:
         timeout_s: the whole run's limit; processes still running then are terminated.
@@ -39,17 +47,18 @@ def run_on_processes(fn, world_size, *args, timeout_s=300.0, group_timeout_s=60.
 
     Returns:
         `[result of rank 0, result of rank 1, ...]`: each `fn`'s return value (tensors, numbers, strings,
-        and lists and dicts of them), through `torch.save`.
+        and lists, tuples and dicts of them), through `torch.save` and `torch.load(weights_only=True)`.
 
     Raises:
-        RuntimeError: a process raised (its traceback is in the message), died, or ran past `timeout_s`.
+        RuntimeError: a process raised (its traceback is in the message), died, ran past `timeout_s`, or
+            returned something else (an object of its own class: loading it would run its code).
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size <= 0:
         raise ValueError(f"world_size must be a positive int, got world_size={world_size!r}")
     folder = pathlib.Path(tempfile.mkdtemp(prefix="attention-ring-"))
     start_method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
     if start_method == "forkserver":
-        _start_fork_server(["torch", "torch.distributed", fn.__module__])
+        _start_fork_server(["torch", "torch.distributed", __name__, fn.__module__])
     try:
         with _main_script_hidden():
             context = torch.multiprocessing.start_processes(
@@ -73,9 +82,47 @@ def run_on_processes(fn, world_size, *args, timeout_s=300.0, group_timeout_s=60.
                 failures.append(f"rank {rank}: exited with code {process.exitcode} and no result")
         if failures:
             raise RuntimeError(f"{len(failures)} of {world_size} processes failed:\n" + "\n".join(failures))
-        return [torch.load(folder / f"result-{rank}.pt") for rank in range(world_size)]
+        return [_load_result(folder / f"result-{rank}.pt", rank) for rank in range(world_size)]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _load_result(path, rank):
+    """One process's return value, loaded as data only: `weights_only=True` says so explicitly, so that
+    `TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1` in the environment cannot turn the load into unpickling, which runs
+    whatever code the file names. (Not through `attention.files.read_bytes`: nothing bounds the size of what
+    `fn` returns, and the file comes from the launch's own process, in the folder `mkdtemp` made for it.)"""
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as error:
+        # torch's message advises weights_only=False (running the file's code); only its reason is kept
+        reason = str(error).split("WeightsUnpickler error: ", 1)[-1].split(" Please use", 1)[0].strip()
+        raise RuntimeError(f"rank {rank} returned something other than tensors, numbers, strings, and lists, "
+                           f"tuples and dicts of them, which torch.load(weights_only=True) refused: {reason}") from None
+
+
+def loopback_gloo():
+    """The name of a process group backend, `LOOPBACK_GLOO`, registered in this process on first call: gloo
+    whose sockets listen on 127.0.0.1 only, for processes that all run on this machine.
+
+    torch's own `"gloo"` listens on the address the host name resolves to (many hosts map their name to
+    their network address), or on the interfaces `GLOO_SOCKET_IFNAME` names, and takes no address from
+    `init_process_group`; gloo's sockets take no authentication, so a listener there is open to the
+    network. Pass the name where `"gloo"` would go: `init_process_group(loopback_gloo(), ...)`; groups
+    made later with `new_group` take the default group's backend, so they listen on 127.0.0.1 too.
+    """
+    if not hasattr(dist.Backend, LOOPBACK_GLOO.upper()):  # what register_backend sets
+        dist.Backend.register_backend(LOOPBACK_GLOO, _new_loopback_gloo,
+                                      devices=list(dist.Backend.backend_capability[dist.Backend.GLOO]))
+    return LOOPBACK_GLOO
+
+
+def _new_loopback_gloo(store, rank, world_size, timeout):
+    """A gloo backend of one group whose device is on 127.0.0.1 (what `init_process_group` calls)."""
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = timeout
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=LOOPBACK)]
+    return dist.ProcessGroupGloo(store, rank, world_size, options)
 
 
 @contextlib.contextmanager
@@ -144,7 +191,7 @@ def _process_main(rank, fn, world_size, args, folder, group_timeout_s):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     _group_timeout = datetime.timedelta(seconds=group_timeout_s)
     try:
-        dist.init_process_group("gloo", store=dist.FileStore(str(folder / "store"), world_size), rank=rank,
+        dist.init_process_group(loopback_gloo(), store=dist.FileStore(str(folder / "store"), world_size), rank=rank,
                                 world_size=world_size, timeout=_group_timeout)
         result = fn(*args)
         torch.save(result, folder / f"result-{rank}.pt")

@@ -23,9 +23,13 @@ last hop the block's gradient is back on the rank that owns it. Only `H_kv` key/
 (grouped-query attention): query head `h` reads K/V head `h // (H / H_kv)`.
 
 Blocks move with point-to-point operations (`torch.distributed.batch_isend_irecv`) on any backend that has
-them: gloo on CPU, NCCL on GPUs. If another process fails or stops answering, waiting for its block raises
-a `RuntimeError` naming the step and the neighbours, after the process group's timeout at the latest
-(`init_process_group(timeout=...)`; a group from `new_group` takes its own `timeout`).
+them: gloo on CPU, NCCL on GPUs. Before the first one, the ranks compare their calls (an `all_gather` of ten
+ints: the shapes, dtype, `causal`, `layout`, `seq_len`, and whether the rank accepted its arguments): ranks
+that disagree would exchange blocks of other sizes (gloo aborts the process) or silently compute something
+else, so every rank raises a `ValueError` naming the ranks and what differs. If another process fails or
+stops answering, sending to it or waiting for its block raises a `RuntimeError` naming the step and the
+neighbours, after the process group's timeout at the latest (`init_process_group(timeout=...)`; a group
+from `new_group` takes its own `timeout`).
 """
 
 import math
@@ -34,6 +38,9 @@ import torch
 import torch.distributed as dist
 
 LAYOUTS = ("contiguous", "zigzag")
+# Every floating dtype of torch, in a fixed order: the ranks compare a dtype by its place here.
+_FLOATING_DTYPES = tuple(sorted({value for value in vars(torch).values()
+                                 if isinstance(value, torch.dtype) and value.is_floating_point}, key=str))
 
 
 def padded_length(seq_len, world_size, layout="zigzag"):
@@ -163,15 +170,39 @@ def ring_attention(q, k, v, causal=True, *, layout="zigzag", seq_len=None, group
             process holds the whole sequence.
 
     Raises:
+        TypeError: q, k, v are not floating-point tensors of one dtype.
+        ValueError: bad shapes, `layout` or `seq_len` on this rank; or the ranks of the group were not called
+            alike (shapes, dtype, `causal`, `layout`, `seq_len`), or another rank refused its arguments: raised
+            on every rank, naming the ranks and what differs, before any block travels.
         RuntimeError: another rank failed, or did not send its block within the process group's timeout.
     """
-    _, world_size = _rank_and_size(group)
+    rank, world_size = _rank_and_size(group)
+    try:
+        seq_len = _check_arguments(q, k, v, layout, seq_len, world_size)
+        refused = None
+    except (TypeError, ValueError) as error:
+        refused = error  # said to the other ranks first, so that they stop too instead of waiting for this one
+    if world_size > 1:
+        call = None if refused is not None else [*q.shape, k.shape[1], _FLOATING_DTYPES.index(q.dtype), int(bool(causal)),
+                                     LAYOUTS.index(layout), seq_len]
+        _check_ranks_agree(call, q.device if isinstance(q, torch.Tensor) else torch.device("cpu"), rank, world_size,
+                           group)
+    if refused is not None:
+        raise refused
+    return _RingAttention.apply(q, k, v, causal, layout, seq_len, group)
+
+
+def _check_arguments(q, k, v, layout, seq_len, world_size):
+    """Check this rank's arguments (`TypeError`, `ValueError`); return `seq_len`, `P * L` where it is None."""
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
         raise TypeError(f"q, k, v must be tensors, got {type(q).__name__}, {type(k).__name__}, {type(v).__name__}")
+    if not q.is_floating_point() or not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k, v must be floating-point tensors of one dtype, got q.dtype={q.dtype}, "
+                        f"k.dtype={k.dtype}, v.dtype={v.dtype}")
     if (q.dim() != 4 or k.shape != v.shape or k.dim() != 4 or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]
-            or q.shape[1] % k.shape[1] != 0):
-        raise ValueError(f"q must be (B, H, L, D) and k, v (B, H_kv, L, D) with H_kv dividing H, got q {tuple(q.shape)}, "
-                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+            or 0 in q.shape or 0 in k.shape or q.shape[1] % k.shape[1] != 0):
+        raise ValueError(f"q must be (B, H, L, D) and k, v (B, H_kv, L, D) with H_kv dividing H and no size 0, got "
+                         f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     _check_layout(layout)
     local_len = q.shape[2]
     seq_len = world_size * local_len if seq_len is None else seq_len
@@ -183,7 +214,55 @@ def ring_attention(q, k, v, causal=True, *, layout="zigzag", seq_len=None, group
                          f"in the {layout} layout: shard_sequence pads it to "
                          f"{padded_length(seq_len, world_size, layout)}, {world_size} shards of "
                          f"{padded_length(seq_len, world_size, layout) // world_size}")
-    return _RingAttention.apply(q, k, v, causal, layout, seq_len, group)
+    return seq_len
+
+
+# What the ranks compare (q's shape, then H_kv, dtype, causal, layout, seq_len), and how each value reads.
+_CALL_FIELDS = {"B": str, "H": str, "L (positions per shard)": str, "D": str, "H_kv": str,
+                "dtype": lambda index: str(_FLOATING_DTYPES[index]), "causal": lambda value: str(bool(value)),
+                "layout": lambda index: LAYOUTS[index], "seq_len": str}
+
+
+def _check_ranks_agree(call, device, rank, world_size, group):
+    """All-gather every rank's call (`_CALL_FIELDS`, or None where the rank refused its own arguments) and raise
+    the same `ValueError` on every rank if they differ: blocks of other sizes or dtypes would abort gloo's
+    receiving thread, and another `causal`, `layout` or `seq_len` would compute something else without a word."""
+    mine = torch.tensor([call is not None, *(call or [0] * len(_CALL_FIELDS))], dtype=torch.int64, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(world_size)]  # (1 + fields,) per rank
+    try:
+        dist.all_gather(gathered, mine, group=group)
+    except RuntimeError as error:
+        if call is None:
+            return  # this rank raises its own error, which says more
+        raise RuntimeError(f"ring attention stopped before step 0 of {world_size} on rank {rank}: comparing the "
+                           f"ranks' arguments failed. Another process of the group failed, or did not answer within "
+                           f"the process group's timeout: {error}") from error
+    if call is None:
+        return  # this rank raises its own error; the others have learnt that it refused
+    calls = [row.tolist() for row in gathered]
+    refusing = [other for other, row in enumerate(calls) if not row[0]]
+    if refusing:
+        several = len(refusing) > 1
+        raise ValueError(f"ring_attention: rank{'s' if several else ''} {_listed(refusing)} of the group refused "
+                         f"{'their' if several else 'its'} arguments (see {'their' if several else 'its'} own "
+                         f"error{'s' if several else ''}); every rank stops before the ring starts")
+    differences = []
+    for index, (name, show) in enumerate(_CALL_FIELDS.items(), start=1):
+        ranks_by_value = {}
+        for other, row in enumerate(calls):
+            ranks_by_value.setdefault(row[index], []).append(other)
+        if len(ranks_by_value) > 1:
+            differences.append(f"{name} is " + ", ".join(
+                f"{show(value)} on rank{'s' if len(ranks) > 1 else ''} {_listed(ranks)}"
+                for value, ranks in ranks_by_value.items()))
+    if differences:
+        raise ValueError(f"ring_attention needs the same call on every rank of the group (shards of one shape and "
+                         f"dtype, the same causal, layout and seq_len), and the {world_size} ranks differ: "
+                         + "; ".join(differences))
+
+
+def _listed(ranks):
+    return ", ".join(str(rank) for rank in ranks)
 
 
 class _RingAttention(torch.autograd.Function):
@@ -205,7 +284,8 @@ class _RingAttention(torch.autograd.Function):
         for step in range(world_size):
             source = (rank - step) % world_size  # whose block we hold
             if step < world_size - 1:  # posted before the compute, so the next block travels while we work
-                incoming, works = _exchange([k_block, v_block], rank, world_size, group, first_tag=0)
+                incoming, works = _exchange([k_block, v_block], "keys and values", step, rank, world_size, group,
+                                            first_tag=0)
             for (q_start, q_offset, q_len), (k_start, k_offset, k_len) in chunk_pairs(
                     rank, source, world_size, L, layout, causal, seq_len):
                 rows, cols = slice(q_offset, q_offset + q_len), slice(k_offset, k_offset + k_len)
@@ -246,7 +326,8 @@ class _RingAttention(torch.autograd.Function):
         for step in range(world_size):
             source = (rank - step) % world_size
             if step < world_size - 1:
-                incoming, works = _exchange([k_block, v_block], rank, world_size, group, first_tag=0)
+                incoming, works = _exchange([k_block, v_block], "keys and values", step, rank, world_size, group,
+                                            first_tag=0)
             for (q_start, q_offset, q_len), (k_start, k_offset, k_len) in chunk_pairs(
                     rank, source, world_size, L, layout, causal, seq_len):
                 rows, cols = slice(q_offset, q_offset + q_len), slice(k_offset, k_offset + k_len)
@@ -261,7 +342,8 @@ class _RingAttention(torch.autograd.Function):
                 grad_k_block[:, :, cols] += grad_k_tile.sum(dim=2)  # (B, H_kv, bk, D): summed over the G query heads
                 grad_v_block[:, :, cols] += grad_v_tile.sum(dim=2)  # (B, H_kv, bk, D)
             if world_size > 1:  # the block's gradient follows it; after the last step it reaches its owner
-                incoming_grads, grad_works = _exchange([grad_k_block, grad_v_block], rank, world_size, group, first_tag=2)
+                incoming_grads, grad_works = _exchange([grad_k_block, grad_v_block], "key and value gradients", step,
+                                                       rank, world_size, group, first_tag=2)
             if step < world_size - 1:
                 k_block, v_block = _wait(incoming, works, "keys and values", step, rank, world_size)
             if world_size > 1:
@@ -271,15 +353,19 @@ class _RingAttention(torch.autograd.Function):
         return grad_q.to(q.dtype), grad_k_block.to(k.dtype), grad_v_block.to(v.dtype), None, None, None, None
 
 
-def _exchange(tensors, rank, world_size, group, first_tag):
-    """Post sends of `tensors` to the next rank of the ring and receives of as many from the previous one:
-    `(received, works)`; the received tensors hold data once every work is waited for."""
+def _exchange(tensors, what, step, rank, world_size, group, first_tag):
+    """Post sends of `tensors` (`what` they are) to the next rank of the ring and receives of as many from the
+    previous one: `(received, works)`; the received tensors hold data once every work is waited for. Posting
+    can fail already (a peer that is gone): that error says where the ring stopped too, as `_wait`'s does."""
     received = [torch.empty_like(tensor) for tensor in tensors]
     next_peer = _global_rank(group, (rank + 1) % world_size)
     previous_peer = _global_rank(group, (rank - 1) % world_size)
     operations = [dist.P2POp(dist.isend, tensor, next_peer, group, first_tag + i) for i, tensor in enumerate(tensors)]
     operations += [dist.P2POp(dist.irecv, buffer, previous_peer, group, first_tag + i) for i, buffer in enumerate(received)]
-    return received, dist.batch_isend_irecv(operations)
+    try:
+        return received, dist.batch_isend_irecv(operations)
+    except RuntimeError as error:  # gloo and NCCL raise DistBackendError, a RuntimeError
+        raise _ring_stopped(what, step, rank, world_size, error) from error
 
 
 def _wait(received, works, what, step, rank, world_size):
@@ -288,11 +374,16 @@ def _wait(received, works, what, step, rank, world_size):
         for work in works:
             work.wait()
     except RuntimeError as error:  # gloo and NCCL raise DistBackendError, a RuntimeError
-        raise RuntimeError(
-            f"ring attention stopped at step {step} of {world_size} on rank {rank}: exchanging {what} with rank "
-            f"{(rank - 1) % world_size} (receiving) and rank {(rank + 1) % world_size} (sending) failed. Another "
-            f"process of the group failed, or did not answer within the process group's timeout: {error}") from error
+        raise _ring_stopped(what, step, rank, world_size, error) from error
     return received
+
+
+def _ring_stopped(what, step, rank, world_size, error):
+    """The `RuntimeError` of an exchange of `what` that failed at `step`: where the ring stopped, and why."""
+    return RuntimeError(
+        f"ring attention stopped at step {step} of {world_size} on rank {rank}: exchanging {what} with rank "
+        f"{(rank - 1) % world_size} (receiving) and rank {(rank + 1) % world_size} (sending) failed. Another "
+        f"process of the group failed, or did not answer within the process group's timeout: {error}")
 
 
 def _rank_and_size(group):

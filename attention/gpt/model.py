@@ -187,13 +187,32 @@ class GPT(nn.Module):
         """Append `max_new_tokens` tokens to `idx` `(B, T)`, one at a time; returns `(B, T + max_new_tokens)`.
 
         Args:
-            temperature: 0 takes the most likely token (greedy); above 0, samples
-                from the softmax of `logits / temperature`.
-            top_k: sample among the `top_k` most likely tokens only.
+            idx: the prompts, a `(B, T)` int64 tensor of token ids in `[0, vocab_size)`, `T >= 1`.
+            max_new_tokens: an int >= 0; the prompt and the new tokens must fit in `context_length`.
+            temperature: a finite number >= 0. 0 takes the most likely token (greedy); above 0, samples
+                from the softmax of `logits / temperature`. A temperature so small that the division
+                overflows picks the most likely token too (the limit of sampling as it falls to 0).
+            top_k: None, or a positive int: sample among the `top_k` most likely tokens only (all of
+                them where `top_k` exceeds the vocabulary).
             generator: a `torch.Generator` for sampling (reproducible text).
             use_cache: True: decode with KV caches (`ValueError` where the class has none); False:
                 recompute the whole sequence at every step; None: caches where the class has them.
+
+        Raises:
+            TypeError: `idx` not an int64 tensor; `max_new_tokens` not an int (a bool is not);
+                `temperature` not a number; `top_k` not an int or None; `use_cache` not a bool or None.
+            ValueError: `idx` not 2-D, without a token, or holding an id outside `[0, vocab_size)`;
+                `max_new_tokens` negative or past `context_length`; `temperature` negative, NaN or
+                infinite; `top_k` below 1; `use_cache=True` for a class without a KV cache.
         """
+        check_token_ids(idx, self.config.vocab_size)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+            raise TypeError(f"max_new_tokens must be an int, got max_new_tokens={max_new_tokens!r}")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be non-negative, got max_new_tokens={max_new_tokens}")
+        check_sampling(temperature, top_k)
+        if use_cache not in (None, True, False):
+            raise TypeError(f"use_cache must be True, False or None, got use_cache={use_cache!r}")
         if use_cache is None:
             use_cache = self.supports_cache
         if use_cache and not self.supports_cache:
@@ -223,8 +242,12 @@ class GPT(nn.Module):
             state.update({f"blocks.{index}.attn.{name}": tensor for name, tensor in block.attn.canonical_state_dict().items()})
         return state
 
-    def load_canonical_state_dict(self, state):
-        """Load a canonical state dict; `ValueError` naming each missing, unexpected or misshapen key."""
+    def check_canonical_state(self, state):
+        """`ValueError` naming each missing, unexpected or misshapen key of a canonical state dict for this model.
+
+        Reads only the model's shapes: on a model built on the meta device, it checks a state before any memory
+        is allocated for the model.
+        """
         expected = {name: tuple(tensor.shape) for name, tensor in self.canonical_state_dict().items()}
         missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
         misshapen = [f"{name}: expected {expected[name]}, got {tuple(state[name].shape)}"
@@ -233,6 +256,10 @@ class GPT(nn.Module):
             problems = [f"missing keys {missing}"] * bool(missing) + [f"unexpected keys {unexpected}"] * bool(unexpected)
             raise ValueError(f"GPT canonical state dict does not fit this model ({self.attention_class.__name__}, "
                              f"{self.config}): " + "; ".join(problems + misshapen))
+
+    def load_canonical_state_dict(self, state):
+        """Load a canonical state dict; `ValueError` naming each missing, unexpected or misshapen key."""
+        self.check_canonical_state(state)
         own = {name: tensor for name, tensor in state.items() if ".attn." not in name}
         own["head.weight"] = state["token_embedding.weight"]  # the tied head
         self.load_state_dict(own, strict=False)
@@ -242,15 +269,47 @@ class GPT(nn.Module):
                                                   if name.startswith(prefix)})
 
 
+def check_token_ids(idx, vocab_size):
+    """Raise unless `idx` is a `(B, T)` int64 tensor with `T >= 1` and every id in `[0, vocab_size)`."""
+    if not isinstance(idx, torch.Tensor):
+        raise TypeError(f"idx must be a (B, T) int64 tensor of token ids, got idx={type(idx).__name__}")
+    if idx.dtype != torch.long:
+        raise TypeError(f"idx must be a (B, T) int64 tensor of token ids, got idx.dtype={idx.dtype}")
+    if idx.dim() != 2 or idx.shape[1] == 0:
+        raise ValueError(f"idx must be a (B, T) tensor with at least one token (T >= 1), got idx.shape={tuple(idx.shape)}")
+    if idx.numel() and (idx.min() < 0 or idx.max() >= vocab_size):
+        low, high = idx.min().item(), idx.max().item()
+        raise ValueError(f"idx must hold token ids in [0, vocab_size={vocab_size}), got ids from {low} to {high}")
+
+
+def check_sampling(temperature, top_k):
+    """Raise unless `temperature` is a finite number >= 0 and `top_k` is None or an int >= 1."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"temperature must be a number, got temperature={temperature!r}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be finite and >= 0 (0: greedy), got temperature={temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)):
+        raise TypeError(f"top_k must be an int or None, got top_k={top_k!r}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be positive (or None: every token), got top_k={top_k}")
+
+
 def pick_token(logits, temperature=0.0, top_k=None, generator=None):
-    """The next token of each row of `logits` `(B, vocab_size)`: `(B, 1)`, greedy or sampled."""
+    """The next token of each row of `logits` `(B, vocab_size)`: `(B, 1)`, greedy or sampled.
+
+    `temperature` and `top_k` as `GPT.generate` takes them (`check_sampling`).
+    """
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-    logits = logits / temperature
+    # Shifted so the largest is 0, in float64 (where the temperature, a Python float, cannot round to 0): a
+    # temperature so small that the division overflows sends every other token to -inf and keeps the largest at 0,
+    # which is greedy, the limit; unshifted, the largest would overflow too and the softmax give NaN.
+    dtype, logits = logits.dtype, logits.double()
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature  # (B, vocab_size), <= 0
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)  # (B, vocab_size)
+    probs = torch.softmax(logits, dim=-1).to(dtype)  # (B, vocab_size)
     return torch.multinomial(probs, 1, generator=generator)  # (B, 1)
 
 

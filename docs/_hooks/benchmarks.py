@@ -73,6 +73,9 @@ def on_pre_build(config):
     checked = {path: report.check_file(path) for path in sorted(results_dir.rglob("*.json"))}
     invalid = [report.check_report(path.relative_to(root).as_posix(), verdict) for path, verdict in checked.items()
                if verdict["problems"]]
+    # The glob does not enter a linked folder, so its files would be shown unchecked: refused, as linked files are.
+    invalid += [f"{path.relative_to(root).as_posix()}: NOT valid: a symbolic link to a folder, not read: refused"
+                for path in sorted(results_dir.rglob("*")) if path.is_symlink() and path.is_dir()]
     if invalid:
         raise PluginError("results files that are not valid (python -m attention.bench --validate FILE):\n" + "\n".join(invalid))
     shown = re.findall(r"<!-- runs: ([\w-]+) -->", (pathlib.Path(config.docs_dir) / "benchmarks.md").read_text("utf-8"))

@@ -5,8 +5,10 @@ the footer of every page (docs/_overrides/partials/copyright.html), takes `site_
 `SITE_URL` environment variable when set (the deploy workflow sets the GitHub Pages address), and
 finds the repository the install lines point at (`repository_source`): `REPO_URL` when set (the
 deploy workflow sets it from `${{ github.server_url }}/${{ github.repository }}`), else the `origin`
-remote of the checkout, else the checkout's own path, so a copied line always works. A web address
-also becomes the site's `repo_url` (the repository link in the header).
+remote of the checkout (a relative one from the checkout's root), else the checkout's own path, so a
+copied line always works. A web address also becomes the site's `repo_url` (the repository link in the
+header). The theme writes `site_url` and `repo_url` into every page unescaped, so each value is used
+only if it has the form of its kind (`source_kind`); another is passed over with a warning naming it.
 
 `on_page_markdown` replaces these placeholders:
 
@@ -28,13 +30,17 @@ import contextlib
 import datetime
 import inspect
 import io
+import logging
 import os
 import pathlib
 import platform
 import re
+import shlex
 import subprocess
 import textwrap
 import warnings
+
+log = logging.getLogger("mkdocs.hooks.generated")
 
 # Constructor calls that some classes refuse on purpose: (what, positional arguments).
 LIMIT_PROBES = (("dropout > 0", (64, 64, 32, 0.1, 4)), ("d_in != d_out", (48, 64, 32, 0.0, 4)))
@@ -48,6 +54,16 @@ PYTHON_FENCE = re.compile(r"^(?P<indent>[ \t]*)```+[ \t]*(?:python|py)\b[^\n]*\n
                           re.MULTILINE | re.DOTALL)
 
 state = {"root": None, "source": None}
+# A web address a page may use as it is, as a link and in the install commands: the theme's templates do not escape
+# `repo_url` or `site_url`, and the install lines are Markdown and shell. Host, port and path only: no quote, angle
+# bracket, backtick, whitespace, control or shell character, and no credentials (`user:token@`).
+WEB_ADDRESS = re.compile(r"https?://[A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]{1,5})?(/[A-Za-z0-9._~%/+=,-]*)?")
+# A git remote that is no web address (ssh, git, file; `git@host:owner/repo`), shown as text, a user name at most.
+REMOTE = re.compile(r"(ssh|git|git\+ssh|file)://([A-Za-z0-9._-]+@)?[A-Za-z0-9.-]*(:[0-9]{1,5})?(/[A-Za-z0-9._~%/+=,-]*)?"
+                    r"|[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[A-Za-z0-9._~/+=,-]+")
+# An absolute path, shown in a code span and a code block, quoted in the clone line, a file:// URL for pip: anything
+# but a backtick (the end of the code span) and a control or line-separating character (the end of the block).
+PATH = re.compile(r"[^\x00-\x1f\x7f-\x9f`\u2028\u2029]+")
 
 
 def git(root, *args):
@@ -60,20 +76,55 @@ def git(root, *args):
 
 
 def repository_source(root, environ=os.environ):
-    """Where the install lines get the code: `REPO_URL`, else the `origin` remote, else the checkout's path."""
-    return environ.get("REPO_URL") or git(root, "remote", "get-url", "origin") or str(pathlib.Path(root).resolve())
+    """Where the install lines get the code: `REPO_URL`, else the `origin` remote, else the checkout's path; None if
+    none of them can be shown (`source_kind`). A value that cannot is passed over with a warning naming it; a
+    relative remote is a path from the checkout's root."""
+    root = pathlib.Path(root).resolve()
+    candidates = [("REPO_URL", environ.get("REPO_URL")), ("the origin remote", git(root, "remote", "get-url", "origin")),
+                  ("the checkout's path", str(root))]
+    for name, value in candidates:
+        if not value:
+            continue
+        if name == "the origin remote" and source_kind(value) is None and not re.match(r"[^/]*:", value):
+            value = str((root / value).resolve())  # a relative path, which git allows as a remote
+        if source_kind(value) is not None:
+            return value
+        log.warning("%s is not used in the install lines: not a web address (https://host/path without quotes, "
+                    "angle brackets, backticks, spaces, control characters or credentials), a git remote, or an "
+                    "absolute path without backticks or control characters", name)
+    return None
+
+
+def source_kind(source):
+    """"web" (an http(s) address a page may link to), "remote" (an ssh, git or file remote, shown as text), "path" (an
+    absolute path, shown as text), or None for anything else (`WEB_ADDRESS`, `REMOTE`, `PATH`)."""
+    if not source or len(source) > 300:
+        return None
+    if WEB_ADDRESS.fullmatch(source):
+        return "web"
+    if REMOTE.fullmatch(source):
+        return "remote"
+    return "path" if PATH.fullmatch(source) and pathlib.Path(source).is_absolute() else None
 
 
 def is_web_address(source):
-    return source.startswith(("https://", "http://"))
+    return source_kind(source) == "web"
 
 
 def install_lines(source):
-    """Markdown: the install commands for `source` (a URL or a local path), in content tabs."""
-    pip_source = source if "://" in source or source.startswith("git@") else pathlib.Path(source).as_uri()
+    """Markdown: the install commands for `source` (a `source_kind`: a web address, a git remote or an absolute path),
+    in content tabs; for None or anything else, the commands with a placeholder where the repository goes."""
+    kind = source_kind(source)
+    if kind == "web":
+        where, clone, pip_source = f"the repository, <{source}>", source, source
+    elif kind is not None:
+        where = f"the repository (`{source}`: this site was built from a checkout without a web address)"
+        clone = shlex.quote(source)
+        pip_source = pathlib.Path(source).as_uri() if kind == "path" else source
+    else:
+        where = "the repository this site was built from (its address could not be shown)"
+        clone, pip_source = "REPOSITORY", "REPOSITORY"
     requirement = f'"git+{pip_source}"'  # not "attention @ git+...": pip 23 refuses that form for a file:// URL
-    where = (f"the repository, <{source}>" if is_web_address(source)
-             else f"the repository (`{source}`: this site was built from a checkout without a web address)")
     return textwrap.dedent(f"""\
         The code is in {where}. Make a virtual environment first, so the install touches nothing else
         (Windows: `.venv\\Scripts\\activate`):
@@ -98,7 +149,7 @@ def install_lines(source):
         === "From a clone (to work on it)"
 
             ```bash
-            git clone {source} {CLONE_FOLDER} && cd {CLONE_FOLDER}
+            git clone {clone} {CLONE_FOLDER} && cd {CLONE_FOLDER}
             python -m pip install -e .
             ```
 
@@ -122,13 +173,17 @@ def torch_versions(root):
 
 def on_config(config):
     if os.environ.get("SITE_URL"):
-        config["site_url"] = os.environ["SITE_URL"]
+        if is_web_address(os.environ["SITE_URL"]):
+            config["site_url"] = os.environ["SITE_URL"]
+        else:  # the theme writes it unescaped into every page's canonical link and the sitemap
+            log.warning("SITE_URL is not used as the site's address: not a web address (https://host/path without "
+                        "quotes, angle brackets, backticks, spaces, control characters or credentials)")
     import torch
 
     root = os.path.dirname(os.path.abspath(config.config_file_path))
     state["root"] = root
     state["source"] = repository_source(root)
-    if is_web_address(state["source"]):
+    if is_web_address(state["source"]):  # the header's repository link on every page, unescaped by the theme
         config["repo_url"] = state["source"]
     config.extra["build"] = {
         "commit": git(root, "rev-parse", "--short=12", "HEAD") or "not a git checkout",

@@ -195,6 +195,20 @@ MODELS = {"MHA": grouped(1), "GQA": grouped(8), "MQA": grouped(None),
           "Llama-4-NoPE": family("Llama 4 Scout", 3, KERNELS, group=4), "MLA": MLA}
 
 
+# The largest read of the bandwidth ceiling: what `Config.ceiling_bytes` allows (2 GiB).
+CEILING_MAX_BYTES = 2**31
+
+
+def ceiling_sizes(device, budget):
+    """The reads of the bandwidth ceiling on `device`: `metrics.ceiling_sizes` of its last-level cache, each at most
+    `CEILING_MAX_BYTES` and a quarter of `budget` (a sample holds three tensors of that size at once: the read and a
+    copy's source and target; None: no budget), the sizes that become equal read once. A last-level cache reported
+    at 480 MiB asked for 2, 4 and 8 GiB."""
+    largest = max(1, min(CEILING_MAX_BYTES, budget // 4 if budget else CEILING_MAX_BYTES))
+    sizes = metrics.ceiling_sizes(metrics.last_level_cache_bytes(device))
+    return tuple(dict.fromkeys(min(size, largest) for size in sizes))
+
+
 @dataclasses.dataclass
 class Config:
     """What to measure (see the module docstring): `num_heads` query heads of `head_dim` size every model in `MODELS`;
@@ -214,16 +228,16 @@ class Config:
     min_repeats: Annotated[int, POSITIVE] = 5
     warmup_time: Annotated[float, finite(0, 1e4)] = 0.1
     bandwidth_bytes: Annotated[int, POSITIVE] = 2**29
-    ceiling_bytes: Annotated[tuple, list_of(POSITIVE, 8)] = ()  # empty: `metrics.ceiling_sizes` of the device's cache
+    ceiling_bytes: Annotated[tuple, list_of(integer(1, CEILING_MAX_BYTES), 8)] = ()  # empty: `ceiling_sizes(device)`
     memory_budget_bytes: Annotated[int | None, BYTES] = None
 
     def resolve(self, device):
         """A copy with the contexts sorted and the memory budget filled in; `ValueError` naming a bad value."""
+        budget = self.memory_budget_bytes or core.memory_budget(device)
         resolved = dataclasses.replace(self, models=tuple(self.models), contexts=tuple(sorted(self.contexts)),
                                        batches=tuple(self.batches), kernels=tuple(self.kernels),
-                                       memory_budget_bytes=self.memory_budget_bytes or core.memory_budget(device),
-                                       ceiling_bytes=tuple(self.ceiling_bytes) or metrics.ceiling_sizes(
-                                           metrics.last_level_cache_bytes(device)))
+                                       memory_budget_bytes=budget,
+                                       ceiling_bytes=tuple(self.ceiling_bytes) or ceiling_sizes(device, budget))
         problems = config_problems(resolved)
         kernels = {kernel for model in MODELS.values() for kernel in model.kernels}
         problems += [f"kernels: {kernel!r} is run by none of the models {list(MODELS)}"

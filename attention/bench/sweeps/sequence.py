@@ -44,8 +44,8 @@ class Config:
     """What to measure; `resolve` fills the `None` fields with the device's defaults: the sweep at batch 1 on
     CPU and MPS (the naive classes' `(B, H, T, T)` scores would not fit otherwise), `batch` on CUDA, over
     T = 128 .. 4096 on CPU, .. 8192 on MPS, .. 16384 on CUDA; `d_in` = `d_model`; the memory budget of
-    `core.memory_budget` (a row predicted past it from the previous shape, times the batch ratio and the
-    squared length ratio, is skipped). `check_max_scores` bounds H · checked_tokens², the reference's scores."""
+    `core.memory_budget` (a row predicted past it is skipped: from the class and mode's previous shape, times the
+    batch ratio and the squared length ratio, or before it has one, from `first_peak_bound`). `check_max_scores` bounds H · checked_tokens², the reference's scores."""
 
     device: Annotated[str, one_of(*DEVICE_TYPES, "auto")] = "auto"
     dtype: Annotated[str, DTYPE] = "float32"
@@ -128,6 +128,48 @@ def predicted_peak(last, batch, seq_len):
     """Peak bytes at `(batch, seq_len)` from `last = (batch, seq_len, peak)`: linear in the batch, quadratic in
     the length (the `(B, H, T, T)` scores), an upper bound for the O(T) kernels."""
     return None if last is None else int(last[2] * (batch / last[0]) * (seq_len / last[1]) ** 2)
+
+
+# Bytes per element of the (B, H, T, T) scores that a registered class holds at its peak, (forward,
+# forward_backward): the largest peak / (B·H·T²) of its rows at T >= 2048 in the runs recorded in docs/results/
+# (float32 and bfloat16, the 2 MiB to 4 GiB rows of the default and long profiles), rounded up. About 2 float32
+# tensors of the scores' shape in a forward (scores, weights), 3 to 4 with the backward; ALiBi adds its bias,
+# FlexAttention's CPU backward holds its own. 0: no tensor of that shape (fused or tiled kernels, whose peak per
+# score falls as T grows: 0.02 bytes at T = 16384). A class not listed here is assumed to hold the most.
+SCORE_BYTES = {"stacked_heads": (1, 7), "split_heads": (9, 13), "fused_qkv": (9, 13), "einsum": (9, 13),
+               "seq_first": (9, 17), "torch_mha_weights": (9, 13), "alibi": (22, 22), "flex": (0, 22),
+               "alibi_flex": (0, 26), "gqa_flex": (0, 22), "sdpa_causal": (0, 0), "sdpa_mask": (0, 0),
+               "torch_mha": (0, 0), "rope": (0, 0), "tiled": (0, 0), "gqa": (0, 0), "mqa": (0, 0)}
+UNLISTED_SCORE_BYTES = max(max(pair) for pair in SCORE_BYTES.values())
+# What every class may hold besides: a (T, T) mask or bias of up to 8 bytes an element (a boolean mask and its
+# float copy), 12 float32 tensors of the activations' size (B, T, d) and 32 bytes per weight (the weights'
+# gradients and their copies). With SCORE_BYTES, at least 1.13 times every peak recorded in docs/results/.
+MASK_BYTES, ACTIVATION_BYTES, WEIGHT_BYTES = 8, 48, 32
+
+
+def first_peak_bound(name, mode, config, batch, seq_len):
+    """An upper bound of the peak bytes of one call of the class registered as `name` in `mode` at `(batch,
+    seq_len)`, from the shape alone: what the memory budget checks before a class has run at any shape."""
+    scores = batch * config.num_heads * seq_len**2
+    per_score = SCORE_BYTES.get(name, (UNLISTED_SCORE_BYTES,) * 2)[MODES.index(mode)]
+    width = max(config.d_in, config.d_model)
+    return (per_score * scores + MASK_BYTES * seq_len**2 + ACTIVATION_BYTES * batch * seq_len * width
+            + WEIGHT_BYTES * 4 * config.d_in * config.d_model)
+
+
+def budget_reason(config, case, mode, peaks):
+    """Why the row of `case` in `mode` is skipped before it runs, or None: its peak predicted past the memory budget,
+    from the same class and mode's last measured shape (`predicted_peak`) or, before it has one, from the shape
+    (`first_peak_bound`)."""
+    last = peaks.get((case.name, case.compiled, mode))
+    if last is None:
+        bound = first_peak_bound(case.name, mode, config, case.batch, case.seq_len)
+        reason = core.over_budget(bound, config.memory_budget_bytes, "predicted peak memory")
+        return reason and f"{reason} (a bound from the shape: {core.size_text(bound)} before any shape was measured)"
+    reason = core.over_budget(predicted_peak(last, case.batch, case.seq_len), config.memory_budget_bytes,
+                              "predicted peak memory")
+    return reason and (f"{reason} (B={last[0]}, T={last[1]} took {core.size_text(last[2])}, times the batch ratio "
+                       "and the squared length ratio)")
 
 
 def run(config, envelope, implementations=None):
@@ -227,6 +269,10 @@ def case_rows(config, case, inputs, yardstick, peaks):
                        head_dim=config.d_model // config.num_heads, position_encoding=case.cls.position_encoding,
                        tolerance=metrics.TOLERANCES[config.dtype], checked_tokens=inputs.checked_tokens,
                        flops_attention=flops["attention"], flops_projections=flops["projections"], flops=flops["total"])
+    skipped = {mode: budget_reason(config, case, mode, peaks) for mode in config.modes}
+    if all(skipped.values()):  # nothing to run: the module, and its (T, T) mask buffer, not even built
+        yield from (new(mode) | dict(status="skipped", reason=skipped[mode]) for mode in config.modes)
+        return
     step = "constructor"
     try:
         torch.manual_seed(config.seed)
@@ -242,11 +288,8 @@ def case_rows(config, case, inputs, yardstick, peaks):
     for mode in config.modes:
         row, key = new(mode, num_kv_heads), (case.name, case.compiled, mode)
         last = peaks.get(key)
-        reason = core.over_budget(predicted_peak(last, case.batch, case.seq_len), config.memory_budget_bytes,
-                                  "predicted peak memory")
-        if reason:
-            yield row | dict(status="skipped", reason=f"{reason} (B={last[0]}, T={last[1]} took {core.size_text(last[2])}"
-                                                      ", times the batch ratio and the squared length ratio)")
+        if skipped[mode]:
+            yield row | dict(status="skipped", reason=skipped[mode])
             continue
         call, reset, gradients = mode_call(module, mode, inputs)
 
