@@ -264,7 +264,7 @@ if any(once for timings in pieces.values() for _, once, _ in timings.values()):
 speed = {piece: times[torch.float32] / times[torch.bfloat16] for piece, times in ms.items()}
 
 # %% tags=["hide-input"]
-from attention.bench.provenance import cpu_flags, cpu_name
+from attention.machine import cpu_flags, cpu_name
 
 matmul_piece, projection_piece, core_piece, qk_piece, mask_piece, softmax_piece, pv_piece = pieces
 written_out = (qk_piece, mask_piece, softmax_piece, pv_piece)

@@ -31,7 +31,8 @@ from attention.bench import core
 from attention import report
 from attention.bench.sweeps import ring as ring_sweep
 from attention.display import show, show_markdown, show_source, show_table
-from attention.distributed import check, launch, measure
+from attention.bench.sweeps.ring import measure_here
+from attention.distributed import accounting, check, launch
 from attention.reference import reference_kernel
 
 # %% [markdown]
@@ -178,14 +179,14 @@ show(fig, alt="Two causal score matrices colored by the rank that owns each quer
 # %% [markdown]
 # The ring computes whole tiles: a pair of (query chunk, key chunk) is skipped when every key comes after
 # every query, computed in full when every key comes before, and masked inside on the diagonal.
-# `ring.chunk_pairs` lists the pairs each step computes; `measure.ring_work` counts their score entries,
+# `ring.chunk_pairs` lists the pairs each step computes; `accounting.ring_work` counts their score entries,
 # per rank and step, from the same function the ring runs:
 
 # %% tags=["hide-input"]
 P, T = 4, 4096
 fig = Figure(figsize=(7.2, 3.2), layout="constrained")
 axes = fig.subplots(1, 2, sharey=True)
-work = {layout: measure.ring_work(P, T, layout) for layout in ring.LAYOUTS}
+work = {layout: accounting.ring_work(P, T, layout) for layout in ring.LAYOUTS}
 for ax, layout in zip(axes, ring.LAYOUTS):
     bottom = [0.0] * P
     for step in range(P):
@@ -274,7 +275,7 @@ show_markdown(
 # %% [markdown]
 # ## What it costs: memory per process and bytes on the wire
 #
-# `measure.measure_ring` runs on every rank of a group and returns, per rank, the time of a call (the
+# `measure_ring` (the benchmark's ring sweep, `attention/bench/sweeps/ring.py`) runs on every rank of a group and returns, per rank, the time of a call (the
 # slowest rank's), its peak tensor memory (beyond the inputs it holds) and the bytes it sent, counted
 # where they are handed to `batch_isend_irecv`, beside what the ring should send, computed from the
 # shapes: one key/value block per step, `2 · B · H_kv · (T / P) · D` elements. Here for one fixed
@@ -283,7 +284,7 @@ show_markdown(
 # %%
 fixed = dict(batch=1, num_heads=8, num_kv_heads=2, seq_len=512, head_dim=64, repeats=1)
 configs = [dict(fixed, world_size=P) for P in (1, 2, 4)]
-per_rank = launch.run_on_processes(measure.measure_here, 4, configs)
+per_rank = launch.run_on_processes(measure_here, 4, configs)
 measured = per_rank[0]  # rank 0's dicts: it belongs to one group of each size
 
 # %% tags=["hide-input"]

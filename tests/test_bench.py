@@ -889,7 +889,7 @@ def test_add_your_device_page_is_filled_from_the_hook(result, tmp_path, monkeypa
 
 
 def test_cpu_flags_and_their_label(tmp_path):
-    from attention.bench.provenance import cpu_features_label, cpu_flags
+    from attention.machine import cpu_features_label, cpu_flags
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\n"

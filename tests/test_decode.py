@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from attention import report
 from attention.bench import core, metrics, profiles
 from attention.bench.__main__ import build_parser, config_from_args, main
-from attention.bench.results import config_problems
+from attention.schema import config_problems
 from attention.bench.sweeps import decode
 from attention.causal.gqa import DECODE_KERNELS, GroupedQueryAttention, grouped_decode_attention, per_head_matmul
 from attention.reference import reference_kernel

@@ -58,3 +58,9 @@ def test_no_function_of_bench_or_report_takes_more_than_six_parameters():
             for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, (ast.FunctionDef, ast.Lambda))
             and len(node.args.posonlyargs + node.args.args + node.args.kwonlyargs) > 6]
     assert many == []
+
+
+def test_the_ring_imports_nothing_of_the_benchmark():  # the benchmark's ring sweep measures the ring, not the reverse
+    importers = [path.name for path in files("distributed") if path.name != "__main__.py"
+                 and any(name.startswith("attention.bench") for name in imported(path))]
+    assert importers == []

@@ -29,7 +29,8 @@ from listening import listening, non_loopback_interface, report_listeners
 import attention.distributed.__main__ as cli
 from attention.distributed import ContextParallelAttention, check, launch
 from attention.distributed.__main__ import main as cli_main
-from attention.distributed.measure import count_sent_bytes, expected_sent_bytes, measure_ring, ring_work
+from attention.bench.sweeps.ring import measure_ring
+from attention.distributed.accounting import count_sent_bytes, expected_sent_bytes, ring_work
 from attention.distributed.ring import (chunk_ranges, padded_length, ring_attention, shard_sequence,
                                         unshard_sequence)
 from attention.reference import reference_kernel
@@ -64,7 +65,7 @@ for _seed, _c in enumerate(CASES):
 CASE_IDS = [f"{c['engine']}-P{c['world_size']}-{'causal' if c['causal'] else 'full'}-{c['layout']}-H{c['num_heads']}"
             f"kv{c['num_kv_heads']}-T{c['seq_len']}-{c['dtype']}" for c in CASES]
 CLI_ARGS = ["--seq-len", "50", "--heads", "4", "--kv-heads", "2", "--head-dim", "8", "--batch", "2"]
-MEASURE = dict(batch=1, num_heads=4, num_kv_heads=2, seq_len=64, head_dim=8, repeats=1)
+MEASURE = dict(batch=1, num_heads=4, num_kv_heads=2, seq_len=64, head_dim=8)
 CONTEXT_PARALLEL_CASE = dict(_case(WORLD_SIZE, True, "zigzag", 2, 2, 32), seed=99)
 
 
@@ -73,7 +74,7 @@ def _launched_worker(cases, cli_path):
     public context_parallel on the CPU."""
     shards = check.run_cases_here(cases)
     cli_main(CLI_ARGS + ["--save", cli_path])
-    measured = {size: measure_ring(**MEASURE, group=launch.subgroup(size)) for size in (2, 4)}
+    measured = {size: measure_ring(MEASURE, launch.subgroup(size), repeats=1) for size in (2, 4)}
     context_parallel = check.try_context_parallel(CONTEXT_PARALLEL_CASE)
     return {"shards": shards, "measured": measured, "context_parallel": context_parallel,
             "listening": listening(os.getpid()) if sys.platform == "linux" else None}
@@ -523,7 +524,7 @@ def test_expected_bytes_formula_and_the_counter():
 
 
 def test_measure_on_one_process_without_a_group():
-    measured = measure_ring(1, 2, 1, 16, 8, repeats=1)
+    measured = measure_ring(dict(batch=1, num_heads=2, num_kv_heads=1, seq_len=16, head_dim=8), repeats=1)
     assert measured["world_size"] == 1 and measured["local_len"] == 16
     assert measured["forward"]["sent_bytes"] == [] and measured["forward"]["peak_bytes"] > 0
 

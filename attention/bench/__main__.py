@@ -23,7 +23,8 @@ import torch
 
 from attention import files, report
 from attention.bench import SWEEPS, core, profiles, results
-from attention.bench.provenance import device_info, git_state, source_files
+from attention.bench.provenance import source_files
+from attention.machine import device_info, git_state
 from attention.registry import IMPLEMENTATIONS
 
 MODE_CHOICES = {"forward": ("forward",), "backward": ("forward_backward",), "both": ("forward", "forward_backward")}
@@ -222,7 +223,7 @@ def refresh(path, parser, argv, progress):
         parser.error(f"--refresh {path}: {error}")
     if problems := results.validate(result):
         raise RuntimeError(f"the refreshed {path} is not valid: " + "; ".join(problems))
-    core.write_result(result, path)
+    core.write_result(result, path, force=True)  # rewriting the file is what --refresh is for
     print(f"{path}: measured again: " + (", ".join(f"{name} {len(rows)} rows" for name, rows in measured.items())
                                          or "nothing (no stale row)"))
     return 0

@@ -16,10 +16,11 @@ import torch
 
 from attention import files
 from attention.bench import metrics
-from attention.bench.provenance import collect_provenance, load_average, meminfo_bytes
-from attention.bench.results import (BOOLEAN, BYTES, COUNT, DEVICE_TYPES, KERNEL_NAME, MS, RATE, REASON, REASON_CHARS,
-                                     SCHEMA_VERSION, SDPA_BACKENDS, SDPA_OP_NAMES, SECONDS, SHARE, TOLERANCE, config_problems,
-                                     list_of, number, one_of)
+from attention.bench.provenance import collect_provenance
+from attention.machine import load_average, meminfo_bytes
+from attention.bench.results import (BYTES, COUNT, DEVICE_TYPES, KERNEL_NAME, MS, RATE, REASON, REASON_CHARS,
+                                     SCHEMA_VERSION, SDPA_BACKENDS, SDPA_OP_NAMES, SHARE, TOLERANCE)
+from attention.schema import BOOLEAN, SECONDS, config_problems, in_range, list_of, one_of
 
 DEVICES = ("auto", *DEVICE_TYPES)
 DTYPES = {"float32": torch.float32, "tf32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -103,7 +104,7 @@ class Measured(TypedDict):
     tolerance: Annotated[dict, TOLERANCE, "`{atol, rtol}` of the run's dtype."]
     correct: Annotated[bool | None, BOOLEAN, "Matched the float64 reference ([Correctness](#correctness)); `null`: "
                        "not checked."]
-    max_abs_error: Annotated[float | None, number(0, 1e30), "Largest `|out - ref|` over the checked elements."]
+    max_abs_error: Annotated[float | None, in_range(0, 1e30), "Largest `|out - ref|` over the checked elements."]
     first_call_s: Annotated[float | None, SECONDS, "The first call alone (s), compilation and allocation included."]
     compiled_graphs: Annotated[int | None, COUNT, "TorchDynamo graphs compiled by the first call; `null`: not counted."]
     compile_s: Annotated[float | None, SECONDS, "`first_call_s` when `compiled_graphs > 0`, else `null`."]

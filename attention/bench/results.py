@@ -14,8 +14,12 @@ import typing
 from pathlib import Path
 
 from attention import files
+from attention.schema import (BOOLEAN, DATE, IDENTIFIER, LOAD, NAME, PROSE, SECONDS, VERSION, config_problems,  # noqa: F401
+                              escaped, field_rules, in_range, integer, list_of, mapping, nullable, one_of, record,
+                              rule_of, shown, text)
 from attention.bench.metrics import SDPA_KERNEL_PATTERNS, SDPA_OPS, TOLERANCES
-from attention.bench.provenance import REPO_DIR, RESULT_FLAGS, dependencies, source_files
+from attention.bench.provenance import REPO_DIR, dependencies, source_files
+from attention.machine import RESULT_FLAGS
 
 # Bump when a field changes name or meaning, and teach `migrate` to rewrite the files of the version before.
 SCHEMA_VERSION = 3
@@ -28,88 +32,6 @@ DEVICE_TYPES = ("cpu", "cuda", "mps")
 FILE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,79}\.json")  # the pages show it: a name, nothing else
 # What a recorded error message may hold: no Markdown link, HTML or code span can be written with these.
 REASON_CHARS = r"A-Za-z0-9 .,:;'=!?%#()/+*_-"
-
-
-# --- Rules: each takes `(value, where)` and returns the problems, as sentences that start with the field ---
-
-def _shown(value):
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _typed(kind, expected, check):
-    """A rule: a value of type `kind` (a bool is no number), then `check(value, where)`."""
-    def rule(value, where):
-        if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
-            return [f"{where}: expected {expected}, got {_shown(value)}"]
-        return check(value, where)
-    return rule
-
-
-def number(lowest=0.0, highest=1e15, kind=(int, float)):
-    return _typed(kind, "an integer" if kind is int else "a number", lambda value, where: (
-        [f"{where}: {value} is not a finite number"] if isinstance(value, float) and not math.isfinite(value) else
-        [] if lowest <= value <= highest else [f"{where}: {_shown(value)} is outside [{lowest}, {highest}]"]))
-
-
-def integer(lowest=0, highest=2**62):
-    return number(lowest, highest, int)
-
-
-def text(pattern, what, longest=80):
-    compiled = re.compile(pattern)
-    return _typed(str, "a string", lambda value, where: [f"{where}: {len(value)} characters, at most {longest}"]
-                  if len(value) > longest else [] if compiled.fullmatch(value) else [f"{where}: {_shown(value)} is not {what}"])
-
-
-def one_of(*values):
-    return lambda value, where: [] if any(type(value) is type(allowed) and value == allowed for allowed in values) \
-        else [f"{where}: {_shown(value)} is not one of {', '.join(map(str, values))}"]
-
-
-def nullable(inner):
-    return lambda value, where: [] if value is None else inner(value, where)
-
-
-def list_of(item, longest):
-    return _typed(list, "a list", lambda value, where: [f"{where}: {len(value)} items, at most {longest}"]
-                  if len(value) > longest else [p for index, element in enumerate(value) for p in item(element, f"{where}[{index}]")])
-
-
-def mapping(key, item, longest):
-    return _typed(dict, "an object", lambda value, where: [f"{where}: {len(value)} entries, at most {longest}"]
-                  if len(value) > longest else [p for name, element in value.items()
-                                                for p in key(name, f"{where} key") or item(element, f"{where}.{name}")])
-
-
-def record(fields, optional=()):
-    """An object with exactly `fields` ({name: rule}), those in `optional` allowed to be absent."""
-    def check(value, where):
-        prefix = f"{where}." if where else ""
-        return ([f"{prefix}{_shown(name)}: unknown field" for name in value if name not in fields]
-                + [f"{prefix}{name}: missing" for name in fields if name not in value and name not in optional]
-                + [p for name, rule in fields.items() if name in value for p in rule(value[name], prefix + name)])
-    return _typed(dict, "an object", check)
-
-
-def field_rules(annotated):
-    """`{field: rule}` of a class whose fields are `Annotated[type, rule, ...]` (a row `TypedDict`, a config
-    dataclass); `null` allowed where the type allows None."""
-    hints = typing.get_type_hints(annotated, include_extras=True)
-    return {name: nullable(hint.__metadata__[0]) if type(None) in typing.get_args(hint.__origin__)
-            else hint.__metadata__[0] for name, hint in hints.items()}
-
-
-def config_problems(config):
-    """The problems of a config dataclass's values against its fields' rules (`field_rules`; tuples as lists)."""
-    values = {name: list(value) if isinstance(value, tuple) else value
-              for name, value in ((name, getattr(config, name)) for name in field_rules(type(config)))}
-    return [problem for name, rule in field_rules(type(config)).items() for problem in rule(values[name], name)]
-
-
-def rule_of(annotated):
-    """The rule of an object holding exactly the fields of `annotated` (`field_rules`)."""
-    return record(field_rules(annotated))
 
 
 def fields_table(row_type):
@@ -142,23 +64,17 @@ def disordered(where, row):
         f"{where}: times are not positive and ordered min <= q1 <= median <= q3 <= max: {times}"]
 
 
-BOOLEAN = one_of(True, False)
-NAME = text(r"[A-Za-z0-9 ()@.,_+/-]+", "a name of letters, digits, spaces and ()@.,_+/-", 100)
-IDENTIFIER = text(r"[A-Za-z][A-Za-z0-9_]*", "an identifier", 40)
-VERSION = text(r"\d+(\.\d+){1,3}([.+-]?[A-Za-z0-9]+){0,4}", "a version such as 2.13.0+cpu", 40)
-PROSE = text(r"[A-Za-z0-9 .,:;'±×·()/-]+", "a description of letters, digits and punctuation (no brackets)", 300)
 REASON = text(f"[{REASON_CHARS}]+", "a sentence of letters, digits and punctuation (no brackets)", 300)
-COUNT, BYTES, SECONDS, MS = integer(0, 2**31), integer(0, 2**60), number(0, 1e7), number(0, 1e9)
+COUNT, BYTES, MS = integer(0, 2**31), integer(0, 2**60), in_range(0, 1e9)
 POSITIVE = integer(1, 2**31)
-RATE, SHARE = number(0, 1e9), number(0, 1e4)
+RATE, SHARE = in_range(0, 1e9), in_range(0, 1e4)
 DTYPE = one_of(*TOLERANCES)
-TOLERANCE = record({"atol": number(0, 1), "rtol": number(0, 1)})
+TOLERANCE = record({"atol": in_range(0, 1), "rtol": in_range(0, 1)})
 SDPA_BACKENDS = list_of(one_of("n/a", *dict.fromkeys(SDPA_OPS.values()), *(label for label, _ in SDPA_KERNEL_PATTERNS)), 8)
 SDPA_OP_NAMES = list_of(one_of(*SDPA_OPS), 16)
 # CUDA kernel names are C++ signatures (templates, namespaces): no quotes, `=`, `/` or brackets, so no HTML attribute,
 # closing tag or Markdown link.
 KERNEL_NAME = text(r"[A-Za-z0-9_:<>(),*&. -]+", "a GPU kernel name", 1000)
-LOAD = nullable(list_of(number(0, 1e6), 3))
 
 DEVICE = record({
     "type": one_of(*DEVICE_TYPES), "name": NAME, "cpu": NAME, "cpu_flags": nullable(list_of(one_of(*RESULT_FLAGS), 16)),
@@ -167,8 +83,6 @@ DEVICE = record({
     "multiprocessors": integer(1, 1 << 16)}, optional=("memory_bytes", "compute_capability", "multiprocessors"))
 SOURCE_FILES = mapping(text(r"attention/[A-Za-z0-9_/]+\.py", "a path attention/....py", 200),
                        text(r"[0-9a-f]{64}", "a sha256 in hexadecimal", 64), 2000)
-DATE = text(r"20\d\d-(0[1-9]|1[0-2])-([0-2]\d|3[01])T([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d+)?([+-]\d\d:\d\d|Z)",
-            "an ISO 8601 date and time with its offset", 40)
 COMMAND = text(r"[A-Za-z0-9 ._/=,:+@%'-]+", "a command line of letters, digits, spaces and ._/=,:+@%'-", 2000)
 GIT = record({"commit": nullable(text(r"[0-9a-f]{40}|[0-9a-f]{64}", "a hexadecimal git commit", 64)),
               "dirty": nullable(BOOLEAN)})
@@ -252,7 +166,7 @@ def validate(result):
     from attention.bench import SWEEPS
 
     if not isinstance(result, dict):
-        return [f"expected a JSON object, got {_shown(result)}"]
+        return [f"expected a JSON object, got {shown(result)}"]
     envelope = {key: value for key, value in result.items() if key in ENVELOPE}
     problems = record(ENVELOPE)(envelope, "")
     if not problems:
@@ -268,24 +182,6 @@ def validate(result):
         problems += [f"provenance.refreshes[{number_}].rows.{name}: {index} is not a row of that section" for name, indices
                      in refresh["rows"].items() for index in indices if index >= len((sections.get(name) or {}).get("rows", []))]
     return problems
-
-
-# Every string of a results file, made literal text wherever Markdown or HTML shows it: no tag, entity, link,
-# code span, table cell, attribute list or line break can come from a file (valid names are left as they are).
-ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "[": "&#91;", "]": "&#93;",
-                         "{": "&#123;", "}": "&#125;", "|": "&#124;", "`": "&#96;", "\\": "&#92;",
-                         **{chr(code): " " for code in [*range(32), 127]}})
-
-
-def escaped(value):
-    """A results file's JSON value with every string (keys too) escaped for Markdown and HTML (`ESCAPES`)."""
-    if isinstance(value, str):
-        return value.translate(ESCAPES)
-    if isinstance(value, list):
-        return [escaped(item) for item in value]
-    if isinstance(value, dict):
-        return {escaped(key): escaped(item) for key, item in value.items()}
-    return value
 
 
 def read(path):
@@ -338,7 +234,7 @@ def check_file(path):
     "changed"}`: the result if valid (as read: `escaped` it before a page shows it), what makes it unfit to
     publish, and the package files changed since it was recorded."""
     problems = [] if FILE_NAME.fullmatch(Path(path).name) else [
-        f"file name: {_shown(Path(path).name)} is not lower-case letters, digits and ._- ending in .json"]
+        f"file name: {shown(Path(path).name)} is not lower-case letters, digits and ._- ending in .json"]
     try:
         result = read(path)
     except (OSError, ValueError) as error:  # the report names the file already: the reason alone
@@ -402,7 +298,7 @@ def migrate(result):
     """`result` rewritten as the current `SCHEMA_VERSION`, one version at a time (a copy; numbers untouched);
     `ValueError` for a value that is not an object of a known version."""
     if not isinstance(result, dict):
-        raise ValueError(f"expected a JSON object, got {_shown(result)}")
+        raise ValueError(f"expected a JSON object, got {shown(result)}")
     result = copy.deepcopy(result)
     while result.get("schema_version") != SCHEMA_VERSION:
         version = result.get("schema_version")

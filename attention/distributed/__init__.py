@@ -6,8 +6,9 @@
 
 Beside it: `launch.py` runs a function on P local processes joined by a gloo process group listening on
 127.0.0.1 only (the tests and the page use it; under `torchrun` a script needs none of it), `check.py`
-the distributed equality check (also `torchrun --nproc-per-node P -m attention.distributed`), `measure.py`
-time, peak memory and bytes sent per process, for a benchmark sweep to call.
+the distributed equality check (also `torchrun --nproc-per-node P -m attention.distributed`), `accounting.py`
+the bytes the ring should send and sends, and the work each rank does (the benchmark's ring sweep,
+`attention/bench/sweeps/ring.py`, times it per process with them).
 """
 
 from typing import Protocol, runtime_checkable

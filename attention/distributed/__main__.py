@@ -10,7 +10,7 @@ reference (`attention.reference.reference_kernel`) on the whole sequence, and wi
 Engines: `ring` (`attention.distributed.ring.ring_attention`, any backend with point-to-point operations)
 and `context_parallel` (PyTorch's `torch.distributed.tensor.experimental.context_parallel` around
 `F.scaled_dot_product_attention`; CUDA only, `--kv-heads` equal to `--heads`, the sequence length a multiple
-of twice the process count). `--measure` adds `attention.distributed.measure.measure_ring` (ring only),
+of twice the process count). `--measure` adds `attention.bench.sweeps.ring.measure_ring` (ring only),
 printed as JSON by rank 0.
 
 What listens on the network: on CPUs, when every rank runs on this machine (torchrun's `LOCAL_WORLD_SIZE`
@@ -114,10 +114,11 @@ def main(argv=None):
                 torch.save({"case": case, **{name: tensor.cpu() for name, tensor in results.items()}}, saved)
                 write_bytes(args.save, saved.getvalue(), force=args.force)
         if args.measure and args.engine == "ring":
-            from attention.distributed.measure import measure_ring
+            from attention.bench.sweeps.ring import measure_ring  # the entry point measures with the benchmark's core
 
-            measured = measure_ring(args.batch, args.heads, args.kv_heads, args.seq_len, args.head_dim,
-                                    causal=args.causal, layout=args.layout, dtype=DTYPES[args.dtype], device=device)
+            measured = measure_ring(dict(batch=args.batch, num_heads=args.heads, num_kv_heads=args.kv_heads,
+                                         seq_len=args.seq_len, head_dim=args.head_dim, causal=args.causal,
+                                         layout=args.layout, dtype=args.dtype), device=device)
             if rank == 0:
                 print(json.dumps(measured))
     finally:

@@ -20,23 +20,9 @@ from pathlib import Path
 import torch
 
 from attention import files
-from attention.bench.provenance import RESULT_FLAGS
-from attention.bench.results import (
-    BOOLEAN,
-    LOAD,
-    NAME,
-    PROSE,
-    SECONDS,
-    VERSION,
-    escaped,
-    integer,
-    list_of,
-    nullable,
-    number,
-    one_of,
-    record,
-    text,
-)
+from attention.machine import RESULT_FLAGS
+from attention.schema import (BOOLEAN, DATE, LOAD, NAME, PROSE, SECONDS, VERSION, escaped, in_range, integer, list_of,
+                              nullable, one_of, record, text)
 from attention.gpt.model import GPT, GPTConfig
 from attention.registry import IMPLEMENTATIONS
 
@@ -54,7 +40,7 @@ MAX_STEPS = 100_000  # bounds the training log a record holds
 CONFIG = {
     "vocab_size": integer(1, 2**20), "context_length": integer(1, 2**16), "d_model": integer(1, 2**14),
     "num_layers": integer(1, 256), "num_heads": integer(1, 256), "num_kv_heads": nullable(integer(1, 256)),
-    "mlp_ratio": integer(1, 64), "dropout": number(0.0, 0.99),
+    "mlp_ratio": integer(1, 64), "dropout": in_range(0.0, 0.99),
 }
 ATTENTION = one_of(*sorted(IMPLEMENTATIONS))
 FILE_NAME = text(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", "a plain file name of letters, digits and ._- "
@@ -64,18 +50,17 @@ RELATIVE_PATH = text(r"(?!/)[A-Za-z0-9._/-]+", "a relative path of letters, digi
 ARGUMENTS = {
     "steps": integer(1, MAX_STEPS), "batch_size": integer(1, 4096), "context_length": CONFIG["context_length"],
     "d_model": CONFIG["d_model"], "num_layers": CONFIG["num_layers"], "num_heads": CONFIG["num_heads"],
-    "attention": ATTENTION, "lr": number(1e-8, 10.0), "warmup": integer(0, MAX_STEPS),
+    "attention": ATTENTION, "lr": in_range(1e-8, 10.0), "warmup": integer(0, MAX_STEPS),
     "eval_every": integer(1, MAX_STEPS), "eval_windows": integer(1, 2**16), "log_every": integer(1, MAX_STEPS),
     "threads": nullable(integer(1, 4096)), "seed": integer(-2**63, 2**64 - 1), "out": RELATIVE_PATH, "name": FILE_NAME,
     "force": BOOLEAN,
 }
 SHA256 = text(r"[0-9a-f]{64}", "a sha256 in hexadecimal", 64)
-LOSS = number(0.0, 1e6)  # nats per byte: finite and non-negative
+LOSS = in_range(0.0, 1e6)  # nats per byte: finite and non-negative
 # The command line as `train` records it (shlex.join): no quote but ', no backtick, bracket, `<`, `>` or `&`.
 COMMAND = text(r"[A-Za-z0-9 ._/=,:+@%'-]+", "a command line of letters, digits, spaces and ._/=,:+@%'-", 2000)
 RECORD_FIELDS = {
-    "date_utc": text(r"20\d\d-(0[1-9]|1[0-2])-([0-2]\d|3[01])T([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d+)?([+-]\d\d:\d\d|Z)",
-                     "an ISO 8601 date and time with its offset", 40),
+    "date_utc": DATE,
     "command": COMMAND,
     "arguments": record(ARGUMENTS, optional=("force",)),  # runs before --force existed do not record it
     "git": record({"commit": nullable(text(r"[0-9a-f]{40}|[0-9a-f]{64}", "a hexadecimal git commit", 64)),

@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 
 from attention import files
-from attention.bench.provenance import cpu_flags, cpu_name, git_state, load_average
+from attention.machine import cpu_flags, cpu_name, git_state, load_average
 from attention.gpt.checkpoint import ARGUMENTS, COMMAND, RECORD_FIELDS, record_problems, save_checkpoint
 from attention.gpt.data import VOCAB_SIZE, encode, evaluate, random_batch, split, text_sha256, training_text
 from attention.gpt.model import GPT, GPTConfig

@@ -13,7 +13,6 @@ which escapes every string in them for Markdown and HTML.
 import dataclasses
 
 from attention.bench.profiles import quick_config
-
 from attention.bench.results import (RESULTS_DIR, all_rows, changed_sources, check_file, find_results, is_stale,  # noqa: F401
                                      load_result, stale_rows, validate as validate_result)
 from attention.report import block_sparse, decode, prefill, ring, sequence

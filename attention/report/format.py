@@ -7,7 +7,7 @@ import re
 import textwrap
 
 from attention.bench.metrics import CONTENDED_BELOW
-from attention.bench.provenance import cpu_features_label
+from attention.machine import cpu_features_label
 from attention.bench.results import all_rows, changed_sources, is_stale
 
 MODE_TITLES = {"forward": "forward", "forward_backward": "forward + backward"}

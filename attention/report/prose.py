@@ -104,7 +104,7 @@ def has_amx(flags):
 
 
 def bf16_instructions(flags):
-    """What a CPU multiplies bfloat16 numbers with, from its flags (`attention.bench.provenance.cpu_flags`)."""
+    """What a CPU multiplies bfloat16 numbers with, from its flags (`attention.machine.cpu_flags`)."""
     if flags is None:
         return "whose instruction-set flags were not recorded"
     if "amx_bf16" in flags:

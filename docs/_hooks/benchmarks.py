@@ -26,9 +26,10 @@ log = logging.getLogger("mkdocs.hooks.benchmarks")
 warnings.filterwarnings("ignore", message=r"`torch\.jit\.script_method` is deprecated", category=DeprecationWarning)
 
 from attention import bench  # noqa: E402 - after the filter: the import reaches inductor
-from attention.bench import SWEEPS, profiles  # noqa: E402
+from attention.bench import SWEEPS  # noqa: E402
 from attention import report  # noqa: E402
-from attention.bench.results import escaped, fields_table, section  # noqa: E402
+from attention.bench.results import fields_table, section  # noqa: E402
+from attention.schema import escaped  # noqa: E402
 
 QUICK_TIMEOUT_S, ENV_VAR, ASSETS = 15 * 60, "ATTENTION_BENCH_QUICK_RESULT", "assets/benchmarks"
 # Device type -> (its tab, its title on "Add your device", the command that records a default-profile run).

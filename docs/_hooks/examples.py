@@ -14,6 +14,8 @@
   (`IPYTHONDIR`) whose only setting keeps the kernel's log to errors: a reader's own startup files
   cannot change what a page shows, and the console does not repeat, for every page, ipykernel 7's
   warning that its local TCP connection is unencrypted (nothing a reader can act on).
+* `ATTENTION_DOCS_EXECUTE=kv_cache,gqa` (a preview while writing pages): only those examples run; the others show
+  their code unexecuted (mkdocs-jupyter's `execute_ignore`). Never set in CI or the deploy workflow.
 * `on_page_content` removes the MathJax and Mermaid loaders that nbconvert's template adds to every
   notebook page: both would fetch scripts from a CDN, and the examples use neither.
 """
@@ -88,6 +90,11 @@ def on_config(config):
         log.info("mkdocs serve: caching executed examples in %s", cache_dir)
     else:
         plugin.config["cache"] = False
+    if only := os.environ.get("ATTENTION_DOCS_EXECUTE"):
+        wanted = {name.strip() for name in only.split(",")}
+        plugin.config["execute_ignore"] = [f"{EXAMPLES_DIR}/{script.name}" for script in (root / EXAMPLES_DIR).glob("*.py")
+                                           if script.stem not in wanted]
+        log.warning("ATTENTION_DOCS_EXECUTE=%s: the other examples are shown unexecuted", only)
     return config
 
 

@@ -13,6 +13,7 @@ CORE = "attention/bench/core.py"
 SEQUENCE = "attention/bench/sweeps/sequence.py"
 DECODE = "attention/bench/sweeps/decode.py"
 PREFILL = "attention/bench/sweeps/prefill.py"
+PREFILL_REPORT = "attention/report/prefill.py"  # what the page reads from a prefill run
 FLOPS = "tests/test_bench.py -k flop"  # the convention, the GQA width (on the small run) and the validator's check
 VALIDATOR = "tests/test_bench.py -k 'fresh_run or rows_carry'"  # a small run, validated: rates and shares recomputed
 DECODE_TESTS = "tests/test_decode.py -k 'bytes_and_flops or complete_correct'"
@@ -99,10 +100,10 @@ MUTANTS = [
     Mutant("prefill_flops_of_the_other_path", PREFILL,
            "row[\"tokens\"], row[\"path\"])", "row[\"tokens\"], \"naive\")",
            "both paths' FLOPs counted as the naive path's (the absorbed path's rate understated)", PREFILL_TESTS),
-    Mutant("prefill_faster_path_by_the_medians", PREFILL,
+    Mutant("prefill_faster_path_by_the_medians", PREFILL_REPORT,
            "if naive[\"ms_q3\"] < absorbed[\"ms_q1\"]:", "if naive[\"ms_median\"] < absorbed[\"ms_median\"]:",
            "the page's 'naive faster' read from the medians alone, a tie within noise called a win", PREFILL_TESTS),
-    Mutant("prefill_naive_faster_from_any_length", PREFILL,
+    Mutant("prefill_naive_faster_from_any_length", PREFILL_REPORT,
            "        if faster_path(pairs[t]) != \"naive\":\n            break\n",
            "        if faster_path(pairs[t]) != \"naive\":\n            continue\n",
            "'naive faster from T on' claimed past a longer length where it is not faster", PREFILL_TESTS),

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from attention.bench import core, metrics
-from attention.bench.results import (BYTES, MAX_ROWS, POSITIVE, PROSE, SECONDS, disordered, field_rules, integer,
-                                     list_of, mapping, mismatches, new_row, number as finite, one_of, record, rule_of)
+from attention.bench.results import BYTES, MAX_ROWS, POSITIVE, disordered, mismatches, new_row
+from attention.schema import PROSE, SECONDS, field_rules, in_range, integer, list_of, mapping, one_of, record, rule_of
 from attention.masks import and_masks, bigbird, block_mask, causal, dense_mask, document, sliding_window
 from attention.reference import reference_kernel
 
@@ -63,9 +63,9 @@ class Config:
     d_model: Annotated[int, POSITIVE] = 768
     num_heads: Annotated[int, POSITIVE] = 12
     seed: Annotated[int, integer(0, 2**63)] = 0
-    min_run_time: Annotated[float, finite(0, 1e4)] = 1.0
+    min_run_time: Annotated[float, in_range(0, 1e4)] = 1.0
     min_repeats: Annotated[int, POSITIVE] = 5
-    warmup_time: Annotated[float, finite(0, 1e4)] = 0.25
+    warmup_time: Annotated[float, in_range(0, 1e4)] = 0.25
     matmul_size: Annotated[int | None, POSITIVE] = None
 
     def resolve(self, device):
@@ -85,8 +85,8 @@ class Row(core.Measured, core.PairedMatmul):
     num_heads: Annotated[int, POSITIVE, "H."]
     head_dim: Annotated[int, POSITIVE, "D."]
     mode: Annotated[str, one_of("forward"), '`"forward"`, under `torch.no_grad()`.']
-    mask_density: Annotated[float, finite(0, 1), "Share of the T² (query, key) pairs the mask attends."]
-    block_share: Annotated[float, finite(0, 1), "Share of the `(128 x 128)` blocks the kernel computes: those holding "
+    mask_density: Annotated[float, in_range(0, 1), "Share of the T² (query, key) pairs the mask attends."]
+    block_share: Annotated[float, in_range(0, 1), "Share of the `(128 x 128)` blocks the kernel computes: those holding "
                            "an attended pair for FlexAttention, all of them (1) for SDPA."]
     mask_bytes: Annotated[int, BYTES, "Bytes of the mask the kernel reads: the `BlockMask`'s index tensors, or the "
                           "dense boolean mask."]

@@ -10,9 +10,7 @@ records the tokens per second, the bytes the step must read over its time as a s
 measured beside it, and its FLOPs against a large matmul's rate sampled through the run.
 
 One step is one token per sequence through one attention layer (no MLP, no other layers): a model's tokens
-per second are this divided by its layer count, at most.
-
-A model is a `Model` record: a family adds its layers as one line in `MODELS`.
+per second are this divided by its layer count, at most. A model is a `Model` record, a line in `MODELS`.
 """
 
 import dataclasses
@@ -24,8 +22,8 @@ from typing import Annotated, Callable, NamedTuple
 import torch
 
 from attention.bench import core, metrics
-from attention.bench.results import (config_problems, disordered, mismatches, BYTES, MAX_ROWS, POSITIVE, RATE, SHARE, field_rules, integer, list_of, new_row,
-                                     nullable, number as finite, one_of, record, text)
+from attention.bench.results import BYTES, MAX_ROWS, POSITIVE, RATE, SHARE, disordered, mismatches, new_row
+from attention.schema import config_problems, field_rules, in_range, integer, list_of, nullable, one_of, record, text
 from attention.causal.gqa import DECODE_KERNELS, GroupedQueryAttention
 from attention.models import MODELS as FAMILIES
 from attention.models.deepseek_v3 import LATENT_NORM_EPS, DeepseekV3Attention, latent_attention_flops, latent_config
@@ -195,8 +193,7 @@ MODELS = {"MHA": grouped(1), "GQA": grouped(8), "MQA": grouped(None),
           "Llama-4-NoPE": family("Llama 4 Scout", 3, KERNELS, group=4), "MLA": MLA}
 
 
-# The largest read of the bandwidth ceiling: what `Config.ceiling_bytes` allows (2 GiB).
-CEILING_MAX_BYTES = 2**31
+CEILING_MAX_BYTES = 2**31  # the largest read of the bandwidth ceiling: what `Config.ceiling_bytes` allows (2 GiB)
 
 
 def ceiling_sizes(device, budget):
@@ -224,9 +221,9 @@ class Config:
     kernels: Annotated[tuple, list_of(text(r"[a-z_]+", "a kernel name", 40), 16)] = tuple(dict.fromkeys(
         kernel for model in MODELS.values() for kernel in model.kernels))
     seed: Annotated[int, integer(0, 2**63)] = 0
-    min_run_time: Annotated[float, finite(0, 1e4)] = 0.5
+    min_run_time: Annotated[float, in_range(0, 1e4)] = 0.5
     min_repeats: Annotated[int, POSITIVE] = 5
-    warmup_time: Annotated[float, finite(0, 1e4)] = 0.1
+    warmup_time: Annotated[float, in_range(0, 1e4)] = 0.1
     bandwidth_bytes: Annotated[int, POSITIVE] = 2**29
     ceiling_bytes: Annotated[tuple, list_of(integer(1, CEILING_MAX_BYTES), 8)] = ()  # empty: `ceiling_sizes(device)`
     memory_budget_bytes: Annotated[int | None, BYTES] = None
@@ -332,10 +329,9 @@ def run(config, envelope):
 
 def finish(section):
     """Each row's shares of the section's run-level matmul rate and bandwidth ceiling."""
-    for row in section["rows"]:
-        if row["tflops"] is not None:
-            row["share_of_matmul_peak"] = row["tflops"] / section["matmul_peak"]["tflops"]
-            row["share_of_peak_bandwidth"] = row["gbps"] / section["bandwidth"]["peak_gbps"]
+    for row in (row for row in section["rows"] if row["tflops"] is not None):
+        row.update(share_of_matmul_peak=row["tflops"] / section["matmul_peak"]["tflops"],
+                   share_of_peak_bandwidth=row["gbps"] / section["bandwidth"]["peak_gbps"])
 
 
 def subjects(row):

@@ -17,8 +17,8 @@ from typing import Annotated
 import torch
 
 from attention.bench import core, metrics
-from attention.bench.results import (BYTES, MAX_ROWS, POSITIVE, config_problems, disordered, field_rules, integer, list_of, mismatches, new_row,
-                                     number as finite, one_of, record, rule_of)
+from attention.bench.results import BYTES, MAX_ROWS, POSITIVE, disordered, mismatches, new_row
+from attention.schema import config_problems, field_rules, in_range, integer, list_of, one_of, record, rule_of
 from attention.models.deepseek_v3 import PATHS, LATENT_NORM_EPS, DeepseekV3Attention, latent_attention_flops, latent_config
 from attention.reference import randomised_parameters, reference_latent_attention
 
@@ -40,9 +40,9 @@ class Config:
     tokens: Annotated[tuple, list_of(POSITIVE, 64)] = (128, 256, 512, 1024, 2048)
     batch: Annotated[int, POSITIVE] = 1
     seed: Annotated[int, integer(0, 2**63)] = 0
-    min_run_time: Annotated[float, finite(0, 1e4)] = 1.0
+    min_run_time: Annotated[float, in_range(0, 1e4)] = 1.0
     min_repeats: Annotated[int, POSITIVE] = 3
-    warmup_time: Annotated[float, finite(0, 1e4)] = 0.25
+    warmup_time: Annotated[float, in_range(0, 1e4)] = 0.25
     matmul_size: Annotated[int | None, POSITIVE] = None
     memory_budget_bytes: Annotated[int | None, BYTES] = None
 

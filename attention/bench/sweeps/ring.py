@@ -4,7 +4,7 @@ For each process count P (`world_sizes`) the sweep launches P processes joined b
 (`attention.distributed.launch`), each holding its shard of one sequence of `seq_len` positions. Every
 process runs the ring forward and backward once for the check (`attention.distributed.check.run_case`: the
 shards are joined here and compared with the float64 reference on the whole sequence), then
-`attention.distributed.measure.measure_ring`: per call (forward, and forward + backward) the time of the
+`measure_ring` (below): per call (forward, and forward + backward) the time of the
 slowest process, each process's peak tensor memory, and the bytes each process sent at each exchange,
 counted where they are handed to `batch_isend_irecv`, beside what the ring should send (from the shapes).
 A row is one process count and one mode. A matmul's rate, timed in this process just before and after
@@ -16,16 +16,18 @@ of one device per process. What P changes here is the memory each process needs 
 
 import dataclasses
 import statistics
+import time
 from typing import Annotated
 
 import torch
+import torch.distributed as dist
 
 from attention.bench import core, metrics
-from attention.bench.results import (BOOLEAN, BYTES, MAX_ROWS, POSITIVE, RATE, SHARE, config_problems, disordered,
-                                     field_rules, integer, list_of, mismatches, new_row, number as finite, one_of, record,
-                                     rule_of)
-from attention.distributed import check, launch, measure
-from attention.distributed.ring import LAYOUTS, padded_length
+from attention.bench.results import BYTES, MAX_ROWS, POSITIVE, RATE, SHARE, disordered, mismatches, new_row
+from attention.schema import BOOLEAN, config_problems, field_rules, in_range, integer, list_of, one_of, record, rule_of
+from attention.distributed import check, launch
+from attention.distributed.accounting import count_sent_bytes, expected_sent_bytes
+from attention.distributed.ring import LAYOUTS, padded_length, ring_attention, shard_sequence
 
 NAME = "ring"
 KEY = ("world_size", "mode")  # what tells a row apart in its section
@@ -52,7 +54,7 @@ class Config:
     repeats: Annotated[int, POSITIVE] = 5
     seed: Annotated[int, integer(0, 2**63)] = 0
     matmul_size: Annotated[int, POSITIVE] = 2048
-    min_run_time: Annotated[float, finite(0, 1e4)] = 0.5
+    min_run_time: Annotated[float, in_range(0, 1e4)] = 0.5
 
     def resolve(self, device):
         """A copy with the process counts sorted; `ValueError` naming a bad value or a device other than the CPU."""
@@ -84,7 +86,7 @@ class Row(core.Measured):
     kv_block_bytes: Annotated[int, BYTES, "`2 * B * H_kv * (T / P) * D` elements: one key/value block, what the ring "
                               "sends at each forward step."]
     expected_sent_bytes: Annotated[list, list_of(BYTES, 4 * MAX_PROCESSES), "What each process should send at each "
-                                   "exchange of one call, from the shapes (`measure.expected_sent_bytes`): a block at "
+                                   "exchange of one call, from the shapes (`expected_sent_bytes`): a block at "
                                    "each of the first `P - 1` forward steps; in the backward pass the block again and, "
                                    "at every step, its gradients (float32 at least)."]
     rank_sent_bytes: Annotated[list | None, list_of(list_of(BYTES, 4 * MAX_PROCESSES), MAX_PROCESSES), "Per process, "
@@ -125,7 +127,7 @@ def run(config, envelope):
                               tolerance=tolerance) for mode in MODES}
         this_case = dict(case, world_size=world_size)
         try:
-            per_rank = launch.run_on_processes(measure.check_and_measure_here, world_size, this_case,
+            per_rank = launch.run_on_processes(check_and_measure_here, world_size, this_case,
                                                config.repeats, timeout_s=600.0)
         except Exception as error:  # noqa: BLE001 - record the failure, keep the run going
             per_rank = None
@@ -157,7 +159,7 @@ def shape_fields(section, dtype, world_size, mode):
     return dict(world_size=world_size, mode=mode, local_len=local_len, flops=flops,
                 shard_bytes=2 * B * (H + H_kv) * local_len * D * element,
                 kv_block_bytes=2 * B * H_kv * local_len * D * element,
-                expected_sent_bytes=measure.expected_sent_bytes(B, H_kv, local_len, D, dtype, world_size)[mode])
+                expected_sent_bytes=expected_sent_bytes(B, H_kv, local_len, D, dtype, world_size)[mode])
 
 
 def checked(whole, expected, tolerance, mode):
@@ -177,6 +179,97 @@ def measured_fields(per_rank, mode):
     return dict(metrics._quartiles(seconds), repeats=len(seconds), calls_per_repeat=1, peak_memory_bytes=max(peaks),
                 rank_peak_memory_bytes=peaks, rank_sent_bytes=[measured[mode]["sent_bytes"] for measured in per_rank],
                 threads_per_process=per_rank[0]["threads"])
+
+
+# --- The measurement on every rank ----------------------------------------------------------------------------------
+
+def measure_ring(case, group=None, repeats=3, device="cpu"):
+    """Time, peak memory and bytes sent of ring attention on this rank; call it on every rank of `group` at once.
+
+    `case`: `batch`, `num_heads`, `num_kv_heads`, `seq_len`, `head_dim`, and optionally `causal` (default True),
+    `layout` ("zigzag"), `dtype` (a name of `check.DTYPES`, "float32") and `seed` (0). Every rank draws the whole sequence's inputs from `seed` and keeps its shard, so nothing is sent to set
+    up. Each call is timed between barriers, and its time is the slowest rank's (`all_reduce` of the
+    maximum): the ring advances at the pace of its slowest member.
+
+    Peak memory is what one call needed beyond what was allocated before it (the inputs): on CPU the peak
+    of live tensor bytes in a profile of the call, on CUDA `max_memory_allocated`, both through the
+    measuring core (`attention.bench.metrics`).
+
+    Returns:
+        A dict: the sizes and settings, `world_size`, `rank`, `local_len`, `threads`; `shard_bytes` (this rank's
+        `q, k, v` and output gradient); per mode (`"forward"`, `"forward_backward"`): `seconds` (median over
+        `repeats` of the slowest rank's time), `all_seconds`, `peak_bytes`, `sent_bytes` (counted, per exchange)
+        and `expected_sent_bytes`.
+    """
+    batch, num_heads, num_kv_heads, seq_len, head_dim = (case[key] for key in (
+        "batch", "num_heads", "num_kv_heads", "seq_len", "head_dim"))
+    causal, layout, seed = case.get("causal", True), case.get("layout", "zigzag"), case.get("seed", 0)
+    dtype = check.DTYPES[case.get("dtype", "float32")]
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        rank, world_size = 0, 1
+    else:
+        rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    generator = torch.Generator().manual_seed(seed)
+    shapes = [(batch, num_heads, seq_len, head_dim), (batch, num_kv_heads, seq_len, head_dim),
+              (batch, num_kv_heads, seq_len, head_dim), (batch, num_heads, seq_len, head_dim)]
+    q, k, v, grad_out = (shard_sequence(torch.randn(shape, generator=generator), rank, world_size, layout)
+                         .to(device=device, dtype=dtype) for shape in shapes)
+    local_len = q.shape[2]
+
+    def forward():
+        return ring_attention(q, k, v, causal, layout=layout, seq_len=seq_len, group=group)
+
+    def forward_backward():
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        ring_attention(*leaves, causal, layout=layout, seq_len=seq_len, group=group).backward(grad_out)
+
+    expected = expected_sent_bytes(batch, num_kv_heads, local_len, head_dim, dtype, world_size)
+    result = {"batch": batch, "num_heads": num_heads, "num_kv_heads": num_kv_heads, "seq_len": seq_len,
+              "head_dim": head_dim, "causal": causal, "layout": layout, "dtype": str(dtype).removeprefix("torch."),
+              "device": str(device), "world_size": world_size, "rank": rank, "local_len": local_len,
+              "threads": torch.get_num_threads(),
+              "shard_bytes": sum(t.numel() * t.element_size() for t in (q, k, v, grad_out))}
+    for mode, call in (("forward", forward), ("forward_backward", forward_backward)):
+        call()  # warm-up
+        with count_sent_bytes() as sent:
+            call()
+        if torch.device(device).type == "cpu":
+            peak = metrics.profile_call(call, device)["cpu_tensor_peak_bytes"]
+        else:
+            peak = metrics.device_peak_memory(call, device)
+        seconds = []
+        for _ in range(repeats):
+            if world_size > 1:
+                dist.barrier(group=group)
+            started = time.perf_counter()
+            call()
+            metrics.synchronize(device)
+            seconds.append(time.perf_counter() - started)
+        if world_size > 1:  # the slowest rank's time, call by call
+            slowest = torch.tensor(seconds, dtype=torch.float64, device=device)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+            seconds = slowest.tolist()
+        result[mode] = {"seconds": statistics.median(seconds), "all_seconds": seconds, "peak_bytes": peak,
+                        "sent_bytes": sent, "expected_sent_bytes": expected[mode]}
+    return result
+
+
+def measure_here(configs):
+    """On every process at once: `measure_ring(**config)` for each config, on this process's group of
+    `config["world_size"]` consecutive ranks (`launch.subgroup`). For
+    `launch.run_on_processes(measure_here, P, configs)`; returns this rank's dicts."""
+    groups = {size: launch.subgroup(size) for size in sorted({config["world_size"] for config in configs})}
+    return [measure_ring(config, groups[config["world_size"]], config.get("repeats", 3)) for config in configs]
+
+
+def check_and_measure_here(case, repeats=3):
+    """On every process of a launch at once, for one case of `check.py` on the whole group: this rank's shards
+    of the output and gradients (`check.run_case`, for the caller to join and compare with the reference),
+    then `measure_ring` on the same sequence. `run` runs it with `launch.run_on_processes(check_and_measure_here,
+    P, case, repeats)`; returns `{"shards", "measured"}`."""
+    shards = check.run_case(case)
+    measured = measure_ring(case, repeats=repeats)
+    return {"shards": shards, "measured": measured}
 
 
 SECTION = record(field_rules(Config) | {"rows": list_of(rule_of(Row), MAX_ROWS)})

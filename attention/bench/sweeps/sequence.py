@@ -19,9 +19,10 @@ from typing import Annotated, Callable, NamedTuple
 import torch
 
 from attention.bench import core, metrics
-from attention.bench.results import (BOOLEAN, BYTES, DEVICE_TYPES, DTYPE, IDENTIFIER, MAX_ROWS, POSITIVE, RATE,
-                                     REASON_CHARS, SHARE, disordered, field_rules, integer, list_of, mapping, mismatches,
-                                     new_row, nullable, number as finite, one_of, record, rule_of, text)
+from attention.bench.results import (BYTES, DEVICE_TYPES, DTYPE, MAX_ROWS, POSITIVE, RATE, REASON_CHARS, SHARE,
+                                     disordered, mismatches, new_row)
+from attention.schema import (BOOLEAN, IDENTIFIER, field_rules, in_range, integer, list_of, mapping, nullable, one_of,
+                              record, rule_of, text)
 from attention.causal.flex import recompile_room
 from attention.reference import canonical_weights, kv_heads_state, reference_causal_self_attention
 from attention.registry import IMPLEMENTATIONS
@@ -61,9 +62,9 @@ class Config:
     num_heads: Annotated[int, POSITIVE] = 12
     implementations: Annotated[tuple | None, list_of(implementation_name, 200)] = None
     seed: Annotated[int, integer(0, 2**63)] = 0
-    min_run_time: Annotated[float, finite(0, 1e4)] = 1.0
+    min_run_time: Annotated[float, in_range(0, 1e4)] = 1.0
     min_repeats: Annotated[int, POSITIVE] = 5
-    warmup_time: Annotated[float, finite(0, 1e4)] = 0.25
+    warmup_time: Annotated[float, in_range(0, 1e4)] = 0.25
     matmul_size: Annotated[int | None, POSITIVE] = None
     check_max_scores: Annotated[int, POSITIVE] = 12 * 2048 * 2048
     profile: Annotated[str, IDENTIFIER] = "default"
