@@ -350,6 +350,60 @@ def test_errors_name_the_argument():
         module.load_state_dict(state)
 
 
+NAN = float("nan")
+# (fields replacing those of CONFIGS["v3-yarn"], error, what the message must say), issue 44
+BAD_CONFIGS = [
+    (dict(rope_parameters={**YARN, "rope_theta": 0.0}), ValueError, "rope_theta=0.0"),
+    (dict(rope_parameters={**YARN, "rope_theta": NAN}), ValueError, "rope_theta=nan"),
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": -1e4}), ValueError, "rope_theta=-10000.0"),
+    (dict(rope_parameters={**YARN, "rope_theta": 1.0}), ValueError, "rope_theta must be finite and > 1"),
+    (dict(rope_parameters={"rope_type": "default"}), ValueError, "'rope_theta'"),
+    (dict(rope_parameters={**YARN, "factor": 0.0}), ValueError, "factor=0.0"),
+    (dict(rope_parameters={k: v for k, v in YARN.items() if k != "factor"}), ValueError, "'factor'"),
+    (dict(rope_parameters={k: v for k, v in YARN.items() if k != "original_max_position_embeddings"}), ValueError,
+     "'original_max_position_embeddings'"),
+    (dict(rope_parameters={**YARN, "rope_type": "dynamic"}), ValueError, "rope_type must be one of .* got rope_type='dynamic'"),
+    (dict(rope_parameters={**YARN, "mscale_all_dim": NAN}), ValueError, "mscale_all_dim=nan"),
+    (dict(rope_parameters={**YARN, "mscale": -1.0}), ValueError, "mscale=-1.0"),
+    (dict(rope_parameters="yarn"), TypeError, "rope_parameters='yarn'"),
+    (dict(rope_parameters=None, rope_theta=0.0), ValueError, "rope_theta=0.0"),
+    (dict(rope_parameters=None, rope_theta=1e4, rope_scaling={"type": "yarn", "factor": 0}), ValueError, "factor=0"),
+    (dict(rope_interleave="no"), TypeError, "rope_interleave='no'"),
+    (dict(attention_dropout=0.1), ValueError, "attention_dropout must be 0.0"),
+]
+
+
+@pytest.mark.parametrize("fields,error,pattern", BAD_CONFIGS, ids=[f"{'-'.join(c[0])}-{i}" for i, c in enumerate(BAD_CONFIGS)])
+def test_a_config_value_out_of_range_is_refused_naming_the_field(fields, error, pattern):
+    with pytest.raises(error, match=pattern):
+        DeepseekV3Attention.from_config({**plain_config("v3-yarn"), **fields}, 0)
+
+
+def test_x_of_another_dtype_than_the_layer_is_refused_naming_both():
+    module = DeepseekV3Attention.from_config(plain_config("v3-yarn"), 0)  # float32
+    for dtype in (torch.float64, torch.bfloat16):
+        with pytest.raises(ValueError, match=rf"x.dtype={dtype} differs from the layer's dtype torch.float32"):
+            module(torch.randn(2, 3, SIZES["hidden_size"], dtype=dtype))
+
+
+@pytest.mark.parametrize("path", ["absorbed", "naive"])
+def test_a_cache_made_by_another_layer_is_refused(path):
+    """Every MLA layer of a model has the same sizes: only the tag `new_cache` puts on its cache tells them apart."""
+    layer0, layer1 = (DeepseekV3Attention.from_config(plain_config("v3-yarn"), i, path=path).double().eval()
+                      for i in (0, 1))
+    x = torch.randn(2, 3, SIZES["hidden_size"], dtype=torch.float64)
+    with torch.no_grad():
+        cache = layer1.new_cache(2, 8)
+        layer1(x, cache=cache)
+        with pytest.raises(ValueError, match=r"cache was made by DeepseekV3Attention layer 1, not by this layer "
+                                             r"\(DeepseekV3Attention layer 0\)"):
+            layer0(x[:, :1], cache=cache)
+        assert cache.length == 3  # untouched by the refused call
+        with pytest.raises(ValueError, match="made by no layer's new_cache"):
+            layer0(x, cache=LatentCache(2, 16, 8, 8, dtype=torch.float64))
+        layer0(x, cache=layer0.new_cache(2, 8))  # its own
+
+
 # ---- what it costs ----
 
 @pytest.mark.parametrize("path", ["absorbed", "naive"])

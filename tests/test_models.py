@@ -396,6 +396,164 @@ def test_bad_inputs_get_clear_errors():
         module(random_input(module)[:, :1], cache=cache)  # gradients on
 
 
+# Config values out of range: refused at construction, naming the field and its value (issue 44).
+
+SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+PLAIN = {  # a small valid config.json of each family, as a plain mapping (no transformers needed)
+    "llama": dict(model_type="llama", **SMALL, rope_theta=1e4),
+    "qwen3": dict(model_type="qwen3", **SMALL, rope_theta=1e4, rms_norm_eps=1e-6),
+    "olmo2": dict(model_type="olmo2", **SMALL, rope_theta=1e4, rms_norm_eps=1e-6),
+    "gemma2": dict(model_type="gemma2", **SMALL, rope_theta=1e4, query_pre_attn_scalar=16, attn_logit_softcapping=50.0,
+                   sliding_window=4),
+    "gemma3_text": dict(model_type="gemma3_text", **SMALL, query_pre_attn_scalar=16, sliding_window=4,
+                        sliding_window_pattern=2, rms_norm_eps=1e-6),
+    "gpt_oss": dict(model_type="gpt_oss", **SMALL, rope_theta=1e4, sliding_window=4),
+    "llama4_text": dict(model_type="llama4_text", **{**SMALL, "num_hidden_layers": 4}, rope_theta=1e4, rms_norm_eps=1e-5,
+                        attention_chunk_size=4),
+}
+SLIDING_LLAMA = dict(layer_types=["sliding_attention", "full_attention"])  # layer 0 local: its window is read
+LINEAR = {"rope_type": "linear", "factor": 2.0}
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 16}
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+NAN, INF = float("nan"), float("inf")
+
+# (family, layer_idx, fields replacing the plain config's, error, what the message must say). Layer 0 is local in
+# Gemma 2, Gemma 3 (pattern 2) and gpt-oss; Llama 4's layer 3 is its NoPE layer (interval 4), layer 0 chunked.
+BAD_CONFIGS = [
+    # Sizes: positive ints (an int where it counts), an even head_dim where RoPE rotates it.
+    ("llama", 0, dict(num_attention_heads=0), ValueError, "num_attention_heads=0"),
+    ("llama", 0, dict(num_attention_heads=-4), ValueError, "num_attention_heads=-4"),
+    ("llama", 0, dict(num_attention_heads=4.0), TypeError, "num_attention_heads=4.0"),
+    ("llama", 0, dict(num_attention_heads="4"), TypeError, "num_attention_heads='4'"),
+    ("llama", 0, dict(num_key_value_heads=-2), ValueError, "num_key_value_heads=-2"),
+    ("llama", 0, dict(num_key_value_heads=2.0), TypeError, "num_key_value_heads=2.0"),
+    ("llama", 0, dict(hidden_size=0), ValueError, "hidden_size=0"),
+    ("llama", 0, dict(hidden_size=-64, head_dim=None), ValueError, "hidden_size=-64"),
+    ("llama", 0, dict(head_dim=-16), ValueError, "head_dim=-16"),
+    ("llama", 0, dict(head_dim=15), ValueError, "head_dim must be even .* head_dim=15"),
+    ("llama", 0, dict(hidden_size=60, num_attention_heads=8, num_key_value_heads=8, head_dim=None), ValueError,
+     "head_dim=7"),  # 60 // 8
+    ("gemma2", 1, dict(head_dim=15), ValueError, "head_dim=15"),
+    ("llama", 0, dict(num_hidden_layers="2"), TypeError, "num_hidden_layers='2'"),
+    # RoPE: the rope_type first, each field it reads named, rope_theta and factor finite and > 0.
+    ("llama", 0, dict(rope_theta=0.0), ValueError, "rope_theta=0.0"),
+    ("llama", 0, dict(rope_theta=-1e4), ValueError, "rope_theta=-10000.0"),
+    ("llama", 0, dict(rope_theta=NAN), ValueError, "rope_theta=nan"),
+    ("llama", 0, dict(rope_theta=INF), ValueError, "rope_theta=inf"),
+    ("llama", 0, dict(rope_theta="10000"), TypeError, "rope_theta='10000'"),
+    ("llama", 0, dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), ValueError,
+     "rope_type must be one of default, linear, llama3, yarn, got rope_type='dynamic'"),
+    ("llama", 0, dict(rope_scaling={"type": "longrope"}), ValueError, "got rope_type='longrope'"),
+    ("llama", 0, dict(rope_scaling={"rope_type": "linear"}), ValueError, "'factor'"),
+    ("llama", 0, dict(rope_scaling={**LLAMA3, "low_freq_factor": None}), ValueError, "'low_freq_factor'"),
+    ("llama", 0, dict(rope_scaling={k: v for k, v in LLAMA3.items() if k != "original_max_position_embeddings"}),
+     ValueError, "'original_max_position_embeddings'"),
+    ("llama", 0, dict(rope_scaling={**LINEAR, "factor": 0}), ValueError, "factor=0"),
+    ("llama", 0, dict(rope_scaling={**LINEAR, "factor": NAN}), ValueError, "factor=nan"),
+    ("llama", 0, dict(rope_scaling={**YARN, "factor": 0.0}), ValueError, "factor=0.0"),
+    ("llama", 0, dict(rope_scaling={**LLAMA3, "low_freq_factor": 4.0, "high_freq_factor": 1.0}), ValueError,
+     "low_freq_factor=4.0, high_freq_factor=1.0"),
+    ("llama", 0, dict(rope_scaling={**YARN, "original_max_position_embeddings": 0}), ValueError,
+     "original_max_position_embeddings=0"),
+    ("llama", 0, dict(rope_scaling={**YARN, "original_max_position_embeddings": 16.0}), TypeError,
+     "original_max_position_embeddings=16.0"),
+    ("llama", 0, dict(rope_theta=1.0, rope_scaling=YARN), ValueError, "rope_theta must be finite and > 1, got rope_theta=1.0"),
+    ("llama", 0, dict(rope_scaling={**YARN, "mscale": NAN, "mscale_all_dim": 1.0}), ValueError, "mscale=nan"),
+    ("llama", 0, dict(rope_scaling={**YARN, "attention_factor": 0.0}), ValueError, "attention_factor=0.0"),
+    ("llama", 0, dict(rope_scaling={**YARN, "beta_fast": -32}), ValueError, "beta_fast=-32"),
+    ("llama", 0, dict(rope_scaling="linear"), TypeError, "rope_scaling='linear'"),
+    ("llama", 0, dict(rope_parameters=["linear"]), TypeError, r"rope_parameters=\['linear'\]"),
+    ("gemma3_text", 0, dict(rope_local_base_freq=0.0), ValueError, "rope_local_base_freq=0.0"),
+    ("gemma3_text", 0, dict(rope_parameters={"full_attention": {"rope_theta": 1e6}}), ValueError,
+     "lacks 'sliding_attention'"),
+    # Windows: a positive int on every layer that uses one; Gemma 2 and gpt-oss no longer read 0 as "no window".
+    *[(family, 0, {**extra, "sliding_window": window}, error, f"sliding_window={window!r}")
+      for family, extra in (("llama", SLIDING_LLAMA), ("gemma2", {}), ("gemma3_text", {}), ("gpt_oss", {}),
+                            ("qwen3", SLIDING_LLAMA))
+      for window, error in ((0, ValueError), (-3, ValueError), (4.5, TypeError), (None, TypeError))],
+    ("gemma3_text", 0, dict(sliding_window_pattern=0), ValueError, "sliding_window_pattern=0"),
+    ("llama", 1, dict(model_type="qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=None), TypeError,
+     "max_window_layers=None"),
+    ("llama4_text", 0, dict(attention_chunk_size=0, layer_types=["chunked_attention"] * 3 + ["full_attention"]),
+     ValueError, "attention_chunk_size=0"),
+    ("llama4_text", 0, dict(attention_chunk_size=-4), ValueError, "attention_chunk_size=-4"),
+    ("llama4_text", 0, dict(attention_chunk_size=4.5), TypeError, "attention_chunk_size=4.5"),
+    ("llama4_text", 0, dict(no_rope_layer_interval=0), ValueError, "no_rope_layer_interval=0"),
+    # Scales and caps: finite and > 0 (a soft-cap of None: no cap).
+    ("gemma2", 0, dict(attn_logit_softcapping=0.0), ValueError, "attn_logit_softcapping=0.0"),
+    ("gemma2", 0, dict(attn_logit_softcapping=NAN), ValueError, "attn_logit_softcapping=nan"),
+    ("gemma2", 0, dict(attn_logit_softcapping=-50.0), ValueError, "attn_logit_softcapping=-50.0"),
+    ("gemma2", 0, dict(query_pre_attn_scalar=0), ValueError, "query_pre_attn_scalar=0"),
+    ("gemma2", 0, dict(query_pre_attn_scalar=-16), ValueError, "query_pre_attn_scalar=-16"),
+    ("gemma3_text", 0, dict(query_pre_attn_scalar=INF), ValueError, "query_pre_attn_scalar=inf"),
+    ("llama4_text", 3, dict(floor_scale=0), ValueError, "floor_scale=0"),
+    ("llama4_text", 3, dict(attn_scale=NAN), ValueError, "attn_scale=nan"),
+    ("qwen3", 0, dict(rms_norm_eps=NAN), ValueError, "rms_norm_eps=nan"),
+    ("llama4_text", 0, dict(rms_norm_eps=-1e-5), ValueError, "rms_norm_eps=-1e-05"),
+    # Layer kinds: each one of the family's; layer_types a list of num_hidden_layers of them.
+    ("llama", 0, dict(layer_types=["banana", "full_attention"]), ValueError,
+     "layer_types holds 'banana'; the layers of this family are full_attention, sliding_attention"),
+    ("gemma2", 1, dict(layer_types=["chunked_attention", "full_attention"]), ValueError, "'chunked_attention'"),
+    ("llama4_text", 0, dict(layer_types=["sliding_attention"] * 4), ValueError,
+     "'sliding_attention'; the layers of this family are full_attention, chunked_attention"),
+    ("gpt_oss", 0, dict(layer_types="full_attention"), TypeError, "layer_types='full_attention'"),
+    ("olmo2", 0, dict(layer_types=["full_attention"]), ValueError, r"num_hidden_layers=2\), got 1"),
+    ("llama4_text", 0, dict(no_rope_layers=[1, 1, 1]), ValueError, "no_rope_layers=\\[1, 1, 1\\]"),
+    ("llama4_text", 0, dict(no_rope_layers=["1"] * 4), ValueError, "no_rope_layers"),
+]
+
+
+@pytest.mark.parametrize("family,layer_idx,fields,error,pattern", BAD_CONFIGS,
+                         ids=[f"{case[0]}-{'-'.join(case[2])}-{i}" for i, case in enumerate(BAD_CONFIGS)])
+def test_a_config_value_out_of_range_is_refused_naming_the_field(family, layer_idx, fields, error, pattern):
+    config = {**PLAIN[family], **fields}
+    with pytest.raises(error, match=pattern):
+        MODELS[config["model_type"]].from_config(config, layer_idx)
+
+
+def test_the_plain_configs_build_every_layer():
+    """The bad configurations above differ from these, which build, in the fields they name only."""
+    for family, config in PLAIN.items():
+        for layer_idx in range(config["num_hidden_layers"]):
+            MODELS[config["model_type"]].from_config(config, layer_idx)
+
+
+def test_values_transformers_accepts_keep_their_meaning():
+    """Where transformers accepts a value, so do the families, with its meaning: no K/V head count (0 or None) is one
+    per query head, no head_dim (0 or None) hidden_size // heads, a Mistral window of 0 or None and a Qwen2 window of
+    0 are no window, no soft-cap is none, Llama 3's two frequency factors may be equal (Llama 4 Scout's are), and a
+    NoPE layer rotates nothing, so its head_dim may be odd."""
+    build = lambda family, layer_idx=0, **fields: MODELS[PLAIN[family]["model_type"]].from_config(  # noqa: E731
+        {**PLAIN[family], **fields}, layer_idx)
+    for missing in (0, None):
+        assert build("llama", num_key_value_heads=missing).num_key_value_heads == 4
+        assert build("llama", head_dim=missing).head_dim == 16
+        mistral = build("llama", model_type="mistral", sliding_window=missing)
+        assert (mistral.layer_type, mistral.sliding_window) == ("full_attention", None)
+    qwen2 = build("llama", 1, model_type="qwen2", use_sliding_window=True, sliding_window=0, max_window_layers=0)
+    assert (qwen2.layer_type, qwen2.sliding_window) == ("full_attention", None)
+    assert build("gemma2", attn_logit_softcapping=None).attn_logit_softcapping is None
+    assert build("llama", rope_scaling={**LLAMA3, "low_freq_factor": 1.0, "high_freq_factor": 1.0}).inv_freq.isfinite().all()
+    assert build("llama4_text", 3, head_dim=15).inv_freq is None
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_x_of_another_dtype_than_the_layer_is_refused_naming_both(name):
+    module = layer_of(name, 0).to(torch.float32)
+    for dtype in (torch.float64, torch.bfloat16):
+        with pytest.raises(ValueError, match=rf"x.dtype={dtype} differs from the layer's dtype torch.float32"):
+            module(torch.randn(B, T, module.hidden_size, dtype=dtype))
+
+
+def test_under_autocast_x_may_differ_from_the_weights():
+    module = layer_of("llama", 0).to(torch.float32).requires_grad_(False)
+    x = torch.randn(B, T, module.hidden_size)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = module(x.bfloat16())
+    torch.testing.assert_close(out.float(), module(x), **tolerance("cpu", torch.bfloat16))
+
+
 # The fused path: attention/models/flex.py.
 
 # A soft-cap with and without a window (Gemma 2), sinks with a window (gpt-oss), chunks (Llama 4): each compile

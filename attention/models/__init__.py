@@ -27,12 +27,18 @@ class ModelAttention(Protocol):
       field names (`hidden_size`, `num_attention_heads`, `num_key_value_heads`, `head_dim`, `rope_theta`
       or `rope_parameters`, `sliding_window`, `layer_types`, ...). The package never imports transformers.
       A missing field raises `ValueError` naming it; an unknown `model_type` in `MODELS` raises
-      `KeyError` listing the known ones.
+      `KeyError` listing the known ones. Every number the layer reads is checked here, before any weight
+      is made: a value that would give silent zeros, NaN, uniform or other attention than transformers'
+      (a head count of `4.0`, an odd `head_dim` under RoPE, `rope_theta` 0, a window of 0 on a sliding
+      layer, a soft-cap of 0, an unknown `rope_type` or layer kind, `layer_types` of the wrong length) raises
+      `ValueError` or `TypeError` naming the field and its value. Values transformers accepts keep its
+      meaning (`num_key_value_heads` 0 or None: one per query head; Mistral's `sliding_window` 0 or None: none).
     * **Parameters** named as transformers names them (`q_proj.weight`, `k_norm.weight`, `sinks`, ...), so
       `module.load_state_dict(hf_layer.state_dict())` loads a real checkpoint's layer unchanged. A
       state dict that does not fit raises naming the key and both shapes.
     * **`module(x)`**: causal self-attention over positions `0 .. T-1`, `(B, T, hidden_size) ->
-      (B, T, hidden_size)`, with the layer's window where it is local (`layer_type`).
+      (B, T, hidden_size)`, with the layer's window where it is local (`layer_type`). `x` of another dtype
+      than the layer's weights raises `ValueError` naming both (outside autocast).
     * **`layer_type`**: transformers' name for the layer's kind, `"full_attention"` or
       `"sliding_attention"` (or the family's own where it has another, e.g. chunked attention).
     * **Decoding**: `module.new_cache(batch_size, capacity)` makes an empty cache

@@ -64,13 +64,19 @@ class DeepseekV3Attention(nn.Module):
         attention_bias: biases on `q_a_proj`, `kv_a_proj_with_mqa` and `o_proj`, as transformers has them.
         path: `"absorbed"` or `"naive"` (see the module docstring): how attention runs, with or
             without a cache. Training (gradients) works on both; a cache is for inference.
+        layer_idx: the layer's index in its model (`from_config` sets it), or None: a cache made by
+            `new_cache` serves only a layer of the same index.
+
+    Raises `ValueError`/`TypeError` naming the argument for sizes that are not positive ints, an odd
+    `qk_rope_head_dim`, RoPE parameters out of range (`rope_theta`, `factor`, ...: see
+    `check_rope_parameters`), a `rope_interleave` that is not a bool, or an unknown `path`.
     """
 
     layer_type = "full_attention"
 
     def __init__(self, hidden_size, num_heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
                  v_head_dim, *, rope_theta=10000.0, rope_scaling=None, rope_interleave=True, attention_bias=False,
-                 path="absorbed"):
+                 path="absorbed", layer_idx=None):
         super().__init__()
         sizes = {"hidden_size": hidden_size, "num_heads": num_heads, "kv_lora_rank": kv_lora_rank,
                  "qk_nope_head_dim": qk_nope_head_dim, "qk_rope_head_dim": qk_rope_head_dim, "v_head_dim": v_head_dim}
@@ -83,9 +89,18 @@ class DeepseekV3Attention(nn.Module):
             raise ValueError(f"qk_rope_head_dim must be even (rotary pairs), got qk_rope_head_dim={qk_rope_head_dim}")
         if path not in PATHS:
             raise ValueError(f"path must be one of {PATHS}, got path={path!r}")
+        if not isinstance(rope_interleave, bool):
+            raise TypeError(f"rope_interleave must be a bool, got rope_interleave={rope_interleave!r}")
+        if layer_idx is not None:
+            check_int("layer_idx", layer_idx, minimum=0)
+        # rope_scaling's own rope_type, as rope_inverse_frequencies reads it, checked before anything reads a field
+        scaling = mapping("rope_scaling", rope_scaling)
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        check_rope_parameters(qk_rope_head_dim, {**scaling, "rope_type": kind, "rope_theta": rope_theta})
+        self.layer_idx = layer_idx
         self.hidden_size, self.num_heads, self.q_lora_rank, self.kv_lora_rank = hidden_size, num_heads, q_lora_rank, kv_lora_rank
         self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim = qk_nope_head_dim, qk_rope_head_dim, v_head_dim
-        self.rope_interleave, self.path = bool(rope_interleave), path
+        self.rope_interleave, self.path = rope_interleave, path
         qk_head_dim = qk_nope_head_dim + qk_rope_head_dim
         if q_lora_rank is None:
             self.q_proj = nn.Linear(hidden_size, num_heads * qk_head_dim, bias=False)
@@ -117,21 +132,23 @@ class DeepseekV3Attention(nn.Module):
         num_layers = config_value(config, "num_hidden_layers", None)
         if num_layers is not None and layer_idx >= num_layers:
             raise ValueError(f"layer_idx must be below num_hidden_layers={num_layers}, got layer_idx={layer_idx}")
+        check_no_dropout(config)
         rope_parameters = config_value(config, "rope_parameters", None)
         if rope_parameters is None:  # a config.json as published
             rope_theta, rope_scaling = config_value(config, "rope_theta"), config_value(config, "rope_scaling", None)
-        else:
-            rope_theta, rope_scaling = rope_parameters["rope_theta"], rope_parameters
+        else:  # its rope_theta, if absent, is named missing by check_rope_parameters
+            rope_scaling = mapping("rope_parameters", rope_parameters)
+            rope_theta = rope_scaling.get("rope_theta")
         return cls(config_value(config, "hidden_size"), config_value(config, "num_attention_heads"),
                    config_value(config, "q_lora_rank"), config_value(config, "kv_lora_rank"),
                    config_value(config, "qk_nope_head_dim"), config_value(config, "qk_rope_head_dim"),
                    config_value(config, "v_head_dim"), rope_theta=rope_theta, rope_scaling=rope_scaling,
                    rope_interleave=config_value(config, "rope_interleave", True),
-                   attention_bias=config_value(config, "attention_bias", False), path=path)
+                   attention_bias=config_value(config, "attention_bias", False), path=path, layer_idx=layer_idx)
 
     def forward(self, x, cache=None):
         """`x` `(B, T, hidden_size)` -> `(B, T, hidden_size)`; with `cache`, `x` continues the cached sequence."""
-        check_input(x, self.hidden_size)
+        check_input(x, self.hidden_size, self.o_proj.weight.dtype)
         B, T, C = x.shape
         H, Dn, Dr, Dc = self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim, self.kv_lora_rank
         start = 0 if cache is None else cache.length
@@ -188,6 +205,8 @@ class DeepseekV3Attention(nn.Module):
         # Low-precision scores are normalised in float32 (as SDPA does); float64 stays float64.
         attn_weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
         attn_weights = attn_weights.to(scores.dtype)  # (B, H, T, S)
+        if mask is not None:  # a query with no key to attend to: zeros, not the NaN of a softmax over nothing
+            attn_weights = attn_weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
         context_latent = torch.matmul(attn_weights.view(B, H * T, S), latent[:, 0])  # (B, H*T, S) @ (B, S, Dc) -> (B, H*T, Dc)
         context_latent = context_latent.view(B, H, T, Dc)  # (B, H, T, Dc)
         return torch.einsum("bhtc,hvc->bhtv", context_latent, w_uv)  # (B, H, T, Dv): the value up-projection, after attention
@@ -206,8 +225,10 @@ class DeepseekV3Attention(nn.Module):
     def new_cache(self, batch_size, capacity):
         """An empty `LatentCache` for `batch_size` sequences of up to `capacity` positions, on the module's device and dtype."""
         weight = self.kv_b_proj.weight
-        return LatentCache(batch_size, self.kv_lora_rank, self.qk_rope_head_dim, capacity, dtype=weight.dtype,
-                           device=weight.device)
+        cache = LatentCache(batch_size, self.kv_lora_rank, self.qk_rope_head_dim, capacity, dtype=weight.dtype,
+                            device=weight.device)
+        cache.layer = (type(self).__name__, self.layer_idx)  # check_cache refuses it to any other layer
+        return cache
 
 
 class LatentCache:
@@ -227,6 +248,7 @@ class LatentCache:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {name}={value!r}")
         self.capacity, self.length = capacity, 0
+        self.layer = None  # (class name, layer_idx) of the layer whose new_cache made it
         self.latent = torch.zeros(batch_size, 1, capacity, kv_lora_rank, dtype=dtype, device=device)
         self.rope_keys = torch.zeros(batch_size, 1, capacity, qk_rope_head_dim, dtype=dtype, device=device)
 
@@ -311,14 +333,19 @@ def softmax_scale(qk_head_dim, rope_scaling):
     return scale
 
 
-def check_input(x, hidden_size):
-    """Raise a clear error unless `x` is a floating `(B, T, hidden_size)` tensor with T > 0."""
+# Same as attention/models/llama.py::check_input
+def check_input(x, hidden_size, dtype):
+    """Raise a clear error unless `x` is a floating `(B, T, hidden_size)` tensor with T > 0, of the layer's `dtype`
+    (that of its weights; under autocast, which casts them, any floating dtype)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
         raise TypeError(f"x must be a floating-point tensor, got x.dtype={x.dtype}")
     if x.dim() != 3 or x.shape[-1] != hidden_size or x.shape[1] == 0:
         raise ValueError(f"x must have shape (B, T > 0, hidden_size={hidden_size}), got x.shape={tuple(x.shape)}")
+    if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
+        raise ValueError(f"x.dtype={x.dtype} differs from the layer's dtype {dtype}: convert x (x.to({dtype})) "
+                         f"or the layer (layer.to({x.dtype}))")
 
 
 def check_cache(cache, module, x):
@@ -333,8 +360,89 @@ def check_cache(cache, module, x):
         raise ValueError(f"x has batch size {x.shape[0]}, the cache was made for batch_size={B}")
     if cache.latent.dtype != x.dtype or cache.latent.device != x.device:
         raise ValueError(f"cache is {cache.latent.dtype} on {cache.latent.device}, x is {x.dtype} on {x.device}")
+    layer = (type(module).__name__, module.layer_idx)
+    if cache.layer != layer:
+        made_by = "no layer's new_cache()" if cache.layer is None else f"{cache.layer[0]} layer {cache.layer[1]}"
+        raise ValueError(f"cache was made by {made_by}, not by this layer ({layer[0]} layer {layer[1]})")
     if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in module.parameters())):
         raise ValueError("a cache is for inference: call the module under torch.no_grad() or torch.inference_mode()")
+
+
+# Same as attention/models/llama.py::check_no_dropout
+def check_no_dropout(config):
+    """Raise a clear error for a config with attention dropout: these layers have none (every published config: 0.0)."""
+    dropout = config_value(config, "attention_dropout", 0.0) or 0.0
+    if dropout != 0:
+        raise ValueError(f"attention_dropout must be 0.0 (these layers have no attention dropout), got {dropout}")
+
+
+# Same as attention/models/llama.py::mapping
+def mapping(name, value):
+    """A new dict of the config field `name` (`rope_scaling`, `rope_parameters`): `{}` for None, `TypeError` for
+    anything but a dict."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError(f"{name} must be a dict of RoPE fields, got {name}={value!r}")
+    return dict(value)
+
+
+# Same as attention/models/llama.py::check_rope_parameters
+def check_rope_parameters(head_dim, parameters):
+    """Raise a clear error unless `parameters` (`{"rope_type", "rope_theta", ...}`) can rotate heads of `head_dim`.
+
+    The `rope_type` first (default, linear, llama3 or yarn), then each field it reads, present and in range:
+    `rope_theta` and `factor` finite and > 0 (`rope_theta` > 1 for YaRN, which divides by its log),
+    `original_max_position_embeddings` a positive int, Llama 3's `low_freq_factor` and `high_freq_factor` finite,
+    > 0 and in that order; YaRN's optional `beta_fast`, `beta_slow`, `mscale`, `mscale_all_dim` and
+    `attention_factor`, where set (None or 0: the default, but a 0 attention factor), finite and > 0. RoPE turns
+    pairs of features, so `head_dim` must be even.
+    """
+    needs = {"default": (), "linear": ("factor",),
+             "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+             "yarn": ("factor", "original_max_position_embeddings")}
+    kind = parameters["rope_type"]
+    if kind not in needs:
+        raise ValueError(f"rope_type must be one of {', '.join(needs)}, got rope_type={kind!r}")
+    for name in ("rope_theta",) + needs[kind]:
+        if parameters.get(name) is None:
+            raise ValueError(f"config lacks the field {name!r}, which rope_type={kind!r} reads (rope_parameters={parameters})")
+        if name == "original_max_position_embeddings":
+            check_int(name, parameters[name])
+        else:
+            check_finite(name, parameters[name], above=1 if (kind, name) == ("yarn", "rope_theta") else 0)
+    if kind == "llama3" and parameters["high_freq_factor"] < parameters["low_freq_factor"]:
+        raise ValueError(f"high_freq_factor must be at least low_freq_factor (Llama 3.1's blend runs from one to the "
+                         f"other), got low_freq_factor={parameters['low_freq_factor']}, "
+                         f"high_freq_factor={parameters['high_freq_factor']}")
+    if kind == "yarn":
+        for name in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+            if parameters.get(name):  # None or 0: the default
+                check_finite(name, parameters[name])
+        if parameters.get("attention_factor") is not None:  # 0 would zero every query and key: uniform attention
+            check_finite("attention_factor", parameters["attention_factor"])
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even where RoPE rotates it (pairs of features), got head_dim={head_dim}")
+
+
+# Same as attention/models/llama.py::check_finite
+def check_finite(name, value, above=0):
+    """Raise `TypeError` unless `value` is a number (an int or a float; a bool is not), `ValueError` unless it is
+    finite and greater than `above`: the config field `name`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {name}={value!r}")
+    if not (math.isfinite(value) and value > above):
+        raise ValueError(f"{name} must be finite and > {above}, got {name}={value!r}")
+
+
+# Same as attention/checks.py::check_int
+def check_int(name, value, minimum=1):
+    """Raise `TypeError` unless `value` is an int (a bool is not), `ValueError` if it is below `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {name}={value!r}")
+    if value < minimum:
+        bound = {0: "non-negative", 1: "positive"}.get(minimum, f"at least {minimum}")
+        raise ValueError(f"{name} must be {bound}, got {name}={value}")
 
 
 # Same as attention/models/__init__.py::config_value

@@ -60,12 +60,17 @@ def flex_forward(module, x):
     else:
         k, v = (F.pad(t, (0, 0, 0, 1)) for t in (k, v))  # (B, H_kv, T_run + 1, D): a zero key and value at T_run
         mask_mod = or_masks(mask_mod, sink_key(T_run))
-        score_mod = sink_score_mod(sinks.detach(), T_run, softcap)
+        # A sink of +inf (the head attends to nothing) would make the kernel's softmax NaN (inf - inf): the kernel
+        # gets 0 in its place, and the head's output is zeroed below.
+        infinite_sinks = sinks.detach() == float("inf")  # (H,)
+        score_mod = sink_score_mod(sinks.detach().masked_fill(infinite_sinks, 0.0), T_run, softcap)
     key = (mask_mod.__name__, T_run, k.shape[2], str(x.device))
     if key not in _block_masks:
         _block_masks[key] = block_mask(mask_mod, T_run, k.shape[2], x.device)
     context = compiled_flex_attention(q, k, v, score_mod=score_mod, block_mask=_block_masks[key], scale=module.scaling,
                                       enable_gqa=k.shape[1] != q.shape[1])  # (B, H, T_run, D)
+    if sinks is not None:
+        context = context.masked_fill(infinite_sinks.view(1, -1, 1, 1), 0.0)  # (B, H, T_run, D)
     context = context[:, :, :T].transpose(1, 2).reshape(B, T, -1)  # (B, T, H*D)
     return module.o_proj(context)  # (B, T, hidden_size)
 

@@ -37,6 +37,7 @@ class Gemma3Attention(nn.Module):
     """
 
     MODEL_TYPES = ("gemma3_text",)
+    LAYER_TYPES = ("full_attention", "sliding_attention")  # the kinds of layer `layer_types` may list
     decode_kernel = "auto"  # over a cache: "sdpa", "matmul" or "auto" (attention.causal.gqa.DECODE_KERNELS)
     qk_norm = "head"  # an RMSNorm over each query and key head, before RoPE (Gemma's: times 1 + weight)
 
@@ -44,16 +45,14 @@ class Gemma3Attention(nn.Module):
         super().__init__()
         check_model_type(config, self.MODEL_TYPES)
         self.layer_idx = check_layer_idx(config, layer_idx)
-        self.hidden_size = config_value(config, "hidden_size")
-        self.num_attention_heads = config_value(config, "num_attention_heads")
-        self.num_key_value_heads = config_value(config, "num_key_value_heads", None) or self.num_attention_heads
-        self.head_dim = config_value(config, "head_dim", None) or self.hidden_size // self.num_attention_heads
-        check_heads(self.num_attention_heads, self.num_key_value_heads)
+        self.hidden_size, self.num_attention_heads, self.num_key_value_heads, self.head_dim = head_sizes(config)
         check_no_dropout(config)
         # The differences from Llama: the scale, the local:global schedule, the QK-norm, a RoPE base per layer type.
-        self.scaling = config_value(config, "query_pre_attn_scalar") ** -0.5
-        self.layer_type = patterned_layer_type(config, self.layer_idx)
-        self.sliding_window = config_value(config, "sliding_window") if self.layer_type == "sliding_attention" else None
+        query_pre_attn_scalar = config_value(config, "query_pre_attn_scalar")
+        check_finite("query_pre_attn_scalar", query_pre_attn_scalar)
+        self.scaling = query_pre_attn_scalar ** -0.5
+        self.layer_type = patterned_layer_type(config, self.layer_idx, self.LAYER_TYPES)
+        self.sliding_window = layer_window(config, self.layer_type)
 
         H, H_kv, D = self.num_attention_heads, self.num_key_value_heads, self.head_dim
         qkv_bias = o_bias = config_value(config, "attention_bias", False)
@@ -61,8 +60,10 @@ class Gemma3Attention(nn.Module):
         self.k_proj = nn.Linear(self.hidden_size, H_kv * D, bias=qkv_bias)
         self.v_proj = nn.Linear(self.hidden_size, H_kv * D, bias=qkv_bias)
         self.o_proj = nn.Linear(H * D, self.hidden_size, bias=o_bias)
-        self.q_norm = Gemma3RMSNorm(D, config_value(config, "rms_norm_eps"))
-        self.k_norm = Gemma3RMSNorm(D, config_value(config, "rms_norm_eps"))
+        rms_norm_eps = config_value(config, "rms_norm_eps")
+        check_finite("rms_norm_eps", rms_norm_eps)
+        self.q_norm = Gemma3RMSNorm(D, rms_norm_eps)
+        self.k_norm = Gemma3RMSNorm(D, rms_norm_eps)
 
         self.rope_parameters = gemma3_rope_parameters(config, self.layer_type)
         # float64 on the CPU, and not a buffer: `module.to(torch.bfloat16)` would round the frequencies, and with
@@ -79,7 +80,7 @@ class Gemma3Attention(nn.Module):
     # Same as attention/models/llama.py::LlamaAttention.forward
     def forward(self, x, cache=None):
         """`x` `(B, T, hidden_size)` -> `(B, T, hidden_size)`; with `cache`, `x` continues the cached sequence."""
-        check_input(x, self.hidden_size)
+        check_input(x, self.hidden_size, self.o_proj.weight.dtype)
         B, T, C = x.shape
         start = 0 if cache is None else check_cache(self, cache, x)  # the position of x's first token
         q, k, v = self.qkv(x, start)  # (B, H, T, D), (B, H_kv, T, D), (B, H_kv, T, D)
@@ -136,13 +137,15 @@ class Gemma3RMSNorm(nn.Module):
         return (y * (1.0 + self.weight.to(compute))).to(x.dtype)
 
 
-def patterned_layer_type(config, layer_idx):
-    """transformers' kind of layer `layer_idx`: `config.layer_types[layer_idx]`, or, in a published config.json,
-    every `sliding_window_pattern`-th layer global (transformers' default pattern: 6), the others local."""
-    layer_types = config_value(config, "layer_types", None)
+def patterned_layer_type(config, layer_idx, kinds):
+    """transformers' kind of layer `layer_idx`: `config.layer_types[layer_idx]` (each one of `kinds`), or, in a
+    published config.json, every `sliding_window_pattern`-th layer global (transformers' default pattern: 6), the
+    others local."""
+    layer_types = listed_layer_types(config, kinds)
     if layer_types is not None:
         return layer_types[layer_idx]
     pattern = config_value(config, "sliding_window_pattern", 6)
+    check_int("sliding_window_pattern", pattern)
     return "sliding_attention" if (layer_idx + 1) % pattern else "full_attention"
 
 
@@ -155,11 +158,17 @@ def gemma3_rope_parameters(config, layer_type):
     """
     parameters = config_value(config, "rope_parameters", None)
     if parameters is not None:
-        parameters = dict(parameters[layer_type])
+        parameters = mapping("rope_parameters", parameters)
+        if layer_type not in parameters:
+            raise ValueError(f"rope_parameters must hold a dict per layer type, lacks {layer_type!r}: "
+                             f"rope_parameters={parameters}")
+        parameters = mapping(f"rope_parameters[{layer_type!r}]", parameters[layer_type])
     elif layer_type == "sliding_attention":
-        parameters = {"rope_type": "default", "rope_theta": config_value(config, "rope_local_base_freq", 10_000.0)}
+        local_base = config_value(config, "rope_local_base_freq", 10_000.0)
+        check_finite("rope_local_base_freq", local_base)
+        parameters = {"rope_type": "default", "rope_theta": local_base}
     else:
-        parameters = dict(config_value(config, "rope_scaling", None) or {})
+        parameters = mapping("rope_scaling", config_value(config, "rope_scaling", None))
         parameters["rope_theta"] = config_value(config, "rope_theta", 1_000_000.0)
     parameters["rope_type"] = parameters.pop("type", None) or parameters.get("rope_type") or "default"
     return parameters
@@ -175,7 +184,9 @@ def rope_frequencies(head_dim, parameters):
     by `factor`, keeps those faster than `... / high_freq_factor`, and blends between; `"yarn"`
     (https://arxiv.org/abs/2309.00071) blends by pair index between the pairs turning `beta_fast` and
     `beta_slow` times over the original context, and multiplies cos and sin by `0.1 ln(factor) + 1`.
+    Parameters that cannot rotate raise first (`check_rope_parameters`).
     """
+    check_rope_parameters(head_dim, parameters)
     base, kind = parameters["rope_theta"], parameters["rope_type"]
     pair = torch.arange(head_dim // 2, dtype=torch.float64, device="cpu")
     inv_freq = base ** (-2 * pair / head_dim)
@@ -207,7 +218,6 @@ def rope_frequencies(head_dim, parameters):
             attention_factor = (magnitude(factor, mscale) / magnitude(factor, mscale_all_dim)
                                 if mscale and mscale_all_dim else magnitude(factor))
         return (1 - ramp) * inv_freq + ramp * inv_freq / factor, float(attention_factor)
-    raise ValueError(f"rope_type must be default, linear, llama3 or yarn, got rope_type={kind!r}")
 
 
 # Same as attention/models/llama.py::rotary_cos_sin
@@ -303,14 +313,18 @@ def check_state_dict(module, state_dict, strict):
 
 
 # Same as attention/models/llama.py::check_input
-def check_input(x, hidden_size):
-    """Raise a clear error unless `x` is a floating `(B, T, hidden_size)` tensor with T > 0."""
+def check_input(x, hidden_size, dtype):
+    """Raise a clear error unless `x` is a floating `(B, T, hidden_size)` tensor with T > 0, of the layer's `dtype`
+    (that of its weights; under autocast, which casts them, any floating dtype)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
         raise TypeError(f"x must be a floating-point tensor, got x.dtype={x.dtype}")
     if x.dim() != 3 or x.shape[-1] != hidden_size or x.shape[1] == 0:
         raise ValueError(f"x must have shape (B, T > 0, hidden_size={hidden_size}), got x.shape={tuple(x.shape)}")
+    if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
+        raise ValueError(f"x.dtype={x.dtype} differs from the layer's dtype {dtype}: convert x (x.to({dtype})) "
+                         f"or the layer (layer.to({x.dtype}))")
 
 
 # Same as attention/models/llama.py::check_model_type
@@ -326,6 +340,7 @@ def check_model_type(config, model_types):
 def check_layer_idx(config, layer_idx):
     """`layer_idx`, checked to be an int in `[0, num_hidden_layers)`."""
     num_hidden_layers = config_value(config, "num_hidden_layers")
+    check_int("num_hidden_layers", num_hidden_layers)
     if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or not 0 <= layer_idx < num_hidden_layers:
         raise ValueError(f"layer_idx must be an int in [0, num_hidden_layers={num_hidden_layers}), got layer_idx={layer_idx!r}")
     return layer_idx
@@ -345,6 +360,120 @@ def check_no_dropout(config):
     dropout = config_value(config, "attention_dropout", 0.0) or 0.0
     if dropout != 0:
         raise ValueError(f"attention_dropout must be 0.0 (these layers have no attention dropout), got {dropout}")
+
+
+# Same as attention/models/llama.py::head_sizes
+def head_sizes(config):
+    """`(hidden_size, num_attention_heads, num_key_value_heads, head_dim)` of the config, checked: positive ints,
+    the K/V heads dividing the query heads. As transformers reads them, `num_key_value_heads` absent, None or 0
+    means one K/V head per query head, and `head_dim` absent, None or 0 `hidden_size // num_attention_heads`."""
+    hidden_size, num_attention_heads = config_value(config, "hidden_size"), config_value(config, "num_attention_heads")
+    check_int("hidden_size", hidden_size)
+    check_int("num_attention_heads", num_attention_heads)
+    num_key_value_heads = config_value(config, "num_key_value_heads", None) or num_attention_heads
+    head_dim = config_value(config, "head_dim", None) or hidden_size // num_attention_heads
+    check_int("num_key_value_heads", num_key_value_heads)
+    check_int("head_dim", head_dim)
+    check_heads(num_attention_heads, num_key_value_heads)
+    return hidden_size, num_attention_heads, num_key_value_heads, head_dim
+
+
+# Same as attention/models/llama.py::listed_layer_types
+def listed_layer_types(config, kinds):
+    """`config.layer_types`, checked: a list (or tuple) of `num_hidden_layers` kinds of layer, each one of `kinds`
+    (the family's); None where the config lists none."""
+    layer_types = config_value(config, "layer_types", None)
+    if layer_types is None:
+        return None
+    if not isinstance(layer_types, (list, tuple)):
+        raise TypeError(f"layer_types must be a list of layer kinds, one per layer, got layer_types={layer_types!r}")
+    num_hidden_layers = config_value(config, "num_hidden_layers")
+    if len(layer_types) != num_hidden_layers:
+        raise ValueError(f"layer_types must list one kind per layer (num_hidden_layers={num_hidden_layers}), "
+                         f"got {len(layer_types)}: layer_types={layer_types!r}")
+    for kind in layer_types:
+        if not isinstance(kind, str) or kind not in kinds:
+            raise ValueError(f"layer_types holds {kind!r}; the layers of this family are {', '.join(kinds)}")
+    return layer_types
+
+
+# Same as attention/models/llama.py::layer_window
+def layer_window(config, layer_type):
+    """The window of a sliding layer, `config.sliding_window` (checked: a positive int); None for any other kind."""
+    if layer_type != "sliding_attention":
+        return None
+    sliding_window = config_value(config, "sliding_window")
+    check_int("sliding_window", sliding_window)
+    return sliding_window
+
+
+# Same as attention/models/llama.py::mapping
+def mapping(name, value):
+    """A new dict of the config field `name` (`rope_scaling`, `rope_parameters`): `{}` for None, `TypeError` for
+    anything but a dict."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError(f"{name} must be a dict of RoPE fields, got {name}={value!r}")
+    return dict(value)
+
+
+# Same as attention/models/llama.py::check_rope_parameters
+def check_rope_parameters(head_dim, parameters):
+    """Raise a clear error unless `parameters` (`{"rope_type", "rope_theta", ...}`) can rotate heads of `head_dim`.
+
+    The `rope_type` first (default, linear, llama3 or yarn), then each field it reads, present and in range:
+    `rope_theta` and `factor` finite and > 0 (`rope_theta` > 1 for YaRN, which divides by its log),
+    `original_max_position_embeddings` a positive int, Llama 3's `low_freq_factor` and `high_freq_factor` finite,
+    > 0 and in that order; YaRN's optional `beta_fast`, `beta_slow`, `mscale`, `mscale_all_dim` and
+    `attention_factor`, where set (None or 0: the default, but a 0 attention factor), finite and > 0. RoPE turns
+    pairs of features, so `head_dim` must be even.
+    """
+    needs = {"default": (), "linear": ("factor",),
+             "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+             "yarn": ("factor", "original_max_position_embeddings")}
+    kind = parameters["rope_type"]
+    if kind not in needs:
+        raise ValueError(f"rope_type must be one of {', '.join(needs)}, got rope_type={kind!r}")
+    for name in ("rope_theta",) + needs[kind]:
+        if parameters.get(name) is None:
+            raise ValueError(f"config lacks the field {name!r}, which rope_type={kind!r} reads (rope_parameters={parameters})")
+        if name == "original_max_position_embeddings":
+            check_int(name, parameters[name])
+        else:
+            check_finite(name, parameters[name], above=1 if (kind, name) == ("yarn", "rope_theta") else 0)
+    if kind == "llama3" and parameters["high_freq_factor"] < parameters["low_freq_factor"]:
+        raise ValueError(f"high_freq_factor must be at least low_freq_factor (Llama 3.1's blend runs from one to the "
+                         f"other), got low_freq_factor={parameters['low_freq_factor']}, "
+                         f"high_freq_factor={parameters['high_freq_factor']}")
+    if kind == "yarn":
+        for name in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+            if parameters.get(name):  # None or 0: the default
+                check_finite(name, parameters[name])
+        if parameters.get("attention_factor") is not None:  # 0 would zero every query and key: uniform attention
+            check_finite("attention_factor", parameters["attention_factor"])
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even where RoPE rotates it (pairs of features), got head_dim={head_dim}")
+
+
+# Same as attention/models/llama.py::check_finite
+def check_finite(name, value, above=0):
+    """Raise `TypeError` unless `value` is a number (an int or a float; a bool is not), `ValueError` unless it is
+    finite and greater than `above`: the config field `name`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {name}={value!r}")
+    if not (math.isfinite(value) and value > above):
+        raise ValueError(f"{name} must be finite and > {above}, got {name}={value!r}")
+
+
+# Same as attention/checks.py::check_int
+def check_int(name, value, minimum=1):
+    """Raise `TypeError` unless `value` is an int (a bool is not), `ValueError` if it is below `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {name}={value!r}")
+    if value < minimum:
+        bound = {0: "non-negative", 1: "positive"}.get(minimum, f"at least {minimum}")
+        raise ValueError(f"{name} must be {bound}, got {name}={value}")
 
 
 # Same as attention/models/__init__.py::config_value

@@ -73,4 +73,17 @@ MUTANTS = [
     Mutant("kv_cache_bytes_keys_only", MLA,
            "return 2 * num_kv_heads * config_value(config, \"v_head_dim\")", "return num_kv_heads * config_value(config, \"v_head_dim\")",
            "the comparison KV cache counted with keys only", COUNTS),
+    # Configs, caches and masks (issue 44).
+    Mutant("cache_of_another_layer_accepted", MLA,
+           "    if cache.layer != layer:\n", "    if cache.layer is None:\n",
+           "a cache checked only for its sizes: every MLA layer has the same, so one layer attends over another's latents",
+           "tests/test_mla.py -k another_layer"),
+    Mutant("rope_parameters_unchecked", MLA,
+           "        check_rope_parameters(qk_rope_head_dim, {**scaling, \"rope_type\": kind, \"rope_theta\": rope_theta})\n", "",
+           "RoPE's parameters used as they come: a rope_theta or YaRN factor of 0 gives NaN, a missing field a bare KeyError",
+           "tests/test_mla.py -k out_of_range"),
+    Mutant("absorbed_query_with_no_key_nan", MLA,
+           "            attn_weights = attn_weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)\n", "            pass\n",
+           "the absorbed path's softmax of a fully masked row left as it is: NaN, where the naive path (SDPA) gives zeros",
+           "tests/test_masked_rows.py -k 'MLA and absorbed'"),
 ]

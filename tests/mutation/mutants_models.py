@@ -73,7 +73,7 @@ MUTANTS = [
            "the cap applied after the mask: tanh(-inf) = -1, so masked keys get the finite logit -cap and are attended",
            matches_transformers("gemma2")),
     Mutant("gemma2_query_scale_of_head_dim", MODELS + "gemma2.py",
-           "self.scaling = config_value(config, \"query_pre_attn_scalar\") ** -0.5", "self.scaling = self.head_dim**-0.5",
+           "self.scaling = query_pre_attn_scalar ** -0.5", "self.scaling = self.head_dim**-0.5",
            "the query scale 1/sqrt(head_dim), not query_pre_attn_scalar ** -0.5 (they differ in Gemma 2 27B)",
            matches_transformers("gemma2")),
     # Sinks (gpt-oss).
@@ -91,15 +91,16 @@ MUTANTS = [
            "    return (distance >= 0) & (distance < sliding_window)\n", "    return (distance >= 0) & (distance <= sliding_window)\n",
            "off by one: a sliding window of sliding_window + 1 keys (Mistral, Qwen2)", LLAMA),
     Mutant("gemma2_window_one_key_too_few", MODELS + "gemma2.py",
-           "return (distance >= 0) & (distance < (sliding_window or length))",
-           "return (distance >= 0) & (distance < (sliding_window or length) - 1)",
+           "return (distance >= 0) & (distance < (length if sliding_window is None else sliding_window))",
+           "return (distance >= 0) & (distance < (length if sliding_window is None else sliding_window) - 1)",
            "off by one: a window of sliding_window - 1 keys", matches_transformers("gemma2")),
     Mutant("llama4_chunks_as_a_window", MODELS + "llama4.py",
            "return (k >= 0) & (k <= q) & (k // chunk == q // chunk)", "return (k >= 0) & (k <= q) & (q - k < chunk)",
            "Llama 4's chunked attention written as a sliding window of chunk keys", matches_transformers("llama4")),
     # RoPE: the base of local layers, the scaling types, the positions of a continued sequence.
     Mutant("gemma3_local_layers_rotate_with_the_global_base", MODELS + "gemma3.py",
-           "        parameters = dict(parameters[layer_type])\n", "        parameters = dict(parameters[\"full_attention\"])\n",
+           "        parameters = mapping(f\"rope_parameters[{layer_type!r}]\", parameters[layer_type])\n",
+           "        parameters = mapping(f\"rope_parameters[{layer_type!r}]\", parameters[\"full_attention\"])\n",
            "Gemma 3's local layers given the global layers' RoPE (base 1,000,000, stretched) instead of base 10,000",
            matches_transformers("gemma3")),
     Mutant("gemma3_pattern_off_by_one", MODELS + "gemma3.py",
@@ -149,4 +150,18 @@ MUTANTS = [
            "context = (attn_weights @ v.unsqueeze(2)).reshape(B, H_kv, group * T, -1)",
            "the weighted values as a matmul broadcasting V over each K/V head's query heads: right numbers, but a copy of "
            "the value cache per query head at every step", "tests/test_models.py -k 'reads_the_cache and gemma2'"),
+    # Configs and masks (issue 44): a dropped check lets a value through that gives silent zeros, NaN or full attention.
+    Mutant("sliding_window_unchecked", MODELS + "llama.py",
+           "    check_int(\"sliding_window\", sliding_window)\n    return sliding_window\n", "    return sliding_window\n",
+           "a sliding layer's window taken as it is: 0 or a negative window gives an attention context of exactly zero, "
+           "None full attention", "tests/test_models.py -k 'out_of_range and llama and sliding_window'"),
+    Mutant("layer_kind_unchecked", MODELS + "llama.py",
+           "if not isinstance(kind, str) or kind not in kinds:", "if not isinstance(kind, str):",
+           "layer_types entries not checked against the family's kinds: 'banana' (or Llama 4's 'sliding_attention') "
+           "runs as full attention", "tests/test_models.py -k 'out_of_range and layer_types'"),
+    Mutant("gemma2_query_with_no_key_nan", MODELS + "gemma2.py",
+           "    if mask is not None:  # a query with no key to attend to: zeros, not the NaN of a softmax over nothing\n"
+           "        attn_weights = attn_weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)\n", "",
+           "the soft-capped softmax of a fully masked row left as it is: NaN, where every other kernel gives zeros",
+           "tests/test_masked_rows.py -k gemma2"),
 ]
