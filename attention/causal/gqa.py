@@ -43,8 +43,8 @@ class GroupedQueryAttention(nn.Module):
         decode_kernel: what attends over a cache: `"sdpa"`, `"matmul"` (`grouped_decode_attention`: two
             matmuls that read each cached K/V head once for its whole group of query heads; they write
             out the `(S, group * T)` scores, so they suit few new tokens) or `"auto"` (`"matmul"` on CPU
-            for calls of at most `attention.decoding.AUTO_MATMUL_MAX_TOKENS` new tokens, where SDPA's kernel reads the
-            cache once per query head; `"sdpa"` otherwise). Without a cache, SDPA runs.
+            for calls of at most `attention.decoding.AUTO_MATMUL_MAX_TOKENS` new tokens, where SDPA's kernel
+            reads the cache once per query head; `"sdpa"` otherwise). Without a cache, SDPA runs.
     """
 
     position_encoding = None
