@@ -30,6 +30,7 @@ from attention.bench.sweeps.sequence import Config, rank_rows
 from attention.causal.sdpa_causal import SDPACausalAttention
 from attention.causal.split_heads import SplitHeadsAttention
 from attention.causal.torch_mha import TorchMultiheadAttention
+from attention.reference import tolerance
 from attention.registry import IMPLEMENTATIONS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -842,9 +843,10 @@ def test_work_units_of_the_yardsticks_and_the_tolerance(monkeypatch):
     assert rates["read_gbps"] == pytest.approx(8192 / 2e-3 / 1e9) and rates["copy_gbps"] == pytest.approx(2 * rates["read_gbps"])
     assert core.Yardstick(call, 3 * 10**12, "matmul_tflops_paired", 1e12).rate(1500.0) == pytest.approx(2.0)
     reference = torch.linspace(-1000.0, 1000.0, 11, dtype=torch.float64)
-    assert metrics.compare_to_reference(reference * (1 + 5e-4), reference, metrics.TOLERANCES["float32"])[0] is True
-    assert metrics.compare_to_reference(reference + 1e-3, reference, metrics.TOLERANCES["float32"])[0] is False
-    assert metrics.compare_to_reference(reference * float("nan"), reference, metrics.TOLERANCES["float32"]) == (False, None)
+    float32 = tolerance("cpu", "float32")  # atol 2e-5, rtol 1e-4
+    assert metrics.compare_to_reference(reference * (1 + 5e-5), reference, float32)[0] is True
+    assert metrics.compare_to_reference(reference + 1e-3, reference, float32)[0] is False
+    assert metrics.compare_to_reference(reference * float("nan"), reference, float32) == (False, None)
 
 
 def test_rows_carry_the_paired_yardstick(result):
@@ -861,7 +863,7 @@ def test_bfloat16_runs_on_cpu_against_its_own_yardstick_and_tolerance():
     assert run["dtype"] == "bfloat16" and run["matmul_peak"]["dtype"] == "bfloat16"
     assert report.validate_result(run) == []
     for row in run["rows"]:
-        assert row["status"] == "ok" and row["correct"] is True and row["tolerance"] == metrics.TOLERANCES["bfloat16"]
+        assert row["status"] == "ok" and row["correct"] is True and row["tolerance"] == tolerance("cpu", torch.bfloat16)
         assert 0 < row["max_abs_error"] <= row["tolerance"]["atol"] + row["tolerance"]["rtol"]
 
 

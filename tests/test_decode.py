@@ -18,7 +18,8 @@ from attention.bench import core, metrics, profiles
 from attention.bench.__main__ import build_parser, config_from_args, main
 from attention.schema import config_problems
 from attention.bench.sweeps import decode
-from attention.causal.gqa import DECODE_KERNELS, GroupedQueryAttention, grouped_decode_attention, per_head_matmul
+from attention.causal.gqa import GroupedQueryAttention
+from attention.decoding import AUTO_MATMUL_MAX_TOKENS, DECODE_KERNELS, grouped_decode_attention, per_head_matmul
 from attention.reference import reference_kernel
 
 
@@ -107,9 +108,9 @@ def test_the_auto_kernel_runs_the_grouped_matmuls_on_cpu(monkeypatch):
         module(torch.randn(1, 3, 32), cache=module.new_cache(1, 8))
         assert calls == [1]
         module(torch.randn(1, 3, 32))  # no cache: SDPA
-        module(torch.randn(1, gqa.AUTO_MATMUL_MAX_TOKENS + 1, 32), cache=module.new_cache(1, 64))  # a prefill: SDPA
+        module(torch.randn(1, AUTO_MATMUL_MAX_TOKENS + 1, 32), cache=module.new_cache(1, 64))  # a prefill: SDPA
         assert calls == [1]
-        module(torch.randn(1, gqa.AUTO_MATMUL_MAX_TOKENS, 32), cache=module.new_cache(1, 64))
+        module(torch.randn(1, AUTO_MATMUL_MAX_TOKENS, 32), cache=module.new_cache(1, 64))
         assert calls == [1, 1]
 
 
@@ -288,7 +289,7 @@ class ContractOnly:
 
 
 def test_a_model_is_one_record_and_the_sweep_uses_only_the_cache_contract(monkeypatch):
-    """A toy model family: one `Model` record in `MODELS` gives it rows beside MHA/GQA/MQA, checked against its
+    """A toy kind of layer: one `Layer` record in `LAYERS` gives it rows beside MHA/GQA/MQA, checked against its
     own float64 reference, through a cache that keeps only the contract."""
     grouped = decode.grouped(2)
     checks = []
@@ -298,11 +299,11 @@ def test_a_model_is_one_record_and_the_sweep_uses_only_the_cache_contract(monkey
         module.new_cache = lambda batch, capacity, make=module.new_cache: ContractOnly(make(batch, capacity))
         return module, hidden
 
-    def reference(module, x0, cached, context):
+    def reference(config, module, x0, cached, context):
         checks.append(context)
-        return grouped.reference(module, x0, cached, context)
+        return grouped.reference(config, module, x0, cached, context)
 
-    monkeypatch.setitem(decode.MODELS, "toy", decode.Model(("matmul",), build, grouped.entries, reference,
+    monkeypatch.setitem(decode.LAYERS, "toy", decode.Layer(("matmul",), build, grouped.entries, reference,
                                                            positions_read=lambda context: context + 1))
     with quick_yardsticks():
         result = run_decode(models=("toy", "MQA"), batches=(1,), kernels=("matmul",))
@@ -310,8 +311,8 @@ def test_a_model_is_one_record_and_the_sweep_uses_only_the_cache_contract(monkey
     assert [(r["model"], r["context"]) for r in rows] == [("toy", 64), ("toy", 128), ("MQA", 64), ("MQA", 128)]
     assert all(r["status"] == "ok" and r["correct"] is True for r in rows) and checks == [64, 128]
     assert report.validate_result(result) == []
-    wrong = decode.Model(("matmul",), build, grouped.entries, lambda *args: grouped.reference(*args) + 1)
-    monkeypatch.setitem(decode.MODELS, "toy", wrong)
+    wrong = decode.Layer(("matmul",), build, grouped.entries, lambda *args: grouped.reference(*args) + 1)
+    monkeypatch.setitem(decode.LAYERS, "toy", wrong)
     with quick_yardsticks():
         rows = run_decode(models=("toy",), batches=(1,), contexts=(64,), kernels=("matmul",))["decode"]["rows"]
     assert rows[0]["correct"] is False and rows[0]["reason"] == "output differs from the float64 reference"

@@ -33,18 +33,17 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 PAGES = sorted(path for path in (ROOT / "docs").rglob("*.md") if "_hooks" not in path.parts)
 HOOK = ROOT / "docs" / "_hooks" / "examples.py"
-# examples/benchmark.py runs the benchmark's quick profile (minutes on a small CPU): a slow test.
-SLOW_SCRIPTS = {"benchmark.py"}
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<ticks>```+)[ \t]*(?P<info>[^\n`]*)\n(?P<body>.*?)^(?P=indent)(?P=ticks)[ \t]*$",
                    re.MULTILINE | re.DOTALL)
 SKIP_MARK = "# skip-test"
 SNIPPET_MARK = "--8<--"  # the API pages include each causal file whole; the file itself is tested
 
 
-@pytest.mark.parametrize("script", [
-    pytest.param(path, id=path.name, marks=[pytest.mark.slow] if path.name in SLOW_SCRIPTS else [])
-    for path in EXAMPLES
-])
+# Every example runs again here as a plain script, as a reader would run it: seconds to minutes each (benchmark.py
+# runs the benchmark's quick profile), and the strict build (`built_site`) executes each one already. Slow, then:
+# `python -m pytest -m "not slow"` is the quick loop, the whole command runs these too.
+@pytest.mark.slow
+@pytest.mark.parametrize("script", [pytest.param(path, id=path.name) for path in EXAMPLES])
 def test_example_runs_as_a_plain_script(script, run_example):
     run = run_example(script)
     assert run.returncode == 0, f"{run.command} failed:\n{run.stdout[-4000:]}\n{run.stderr[-8000:]}"
