@@ -236,6 +236,28 @@ def jupyter_plugin_options():
     raise AssertionError("mkdocs.yml has no mkdocs-jupyter plugin entry")
 
 
+def nav_pages(entries):
+    """The pages of mkdocs.yml's nav, in the reader's order."""
+    for entry in entries:
+        for value in (entry.values() if isinstance(entry, dict) else [entry]):
+            yield from nav_pages(value) if isinstance(value, list) else [value]
+
+
+def test_the_nav_puts_the_pages_a_page_assumes_before_it():
+    """Masks and Position encodings came after the pages that say they assume them (FlexAttention, KV cache, the
+    general module; MLA). Each example's "It assumes ..." clause (up to a ';') names pages that come earlier."""
+    config = yaml.load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"), Loader=yaml.BaseLoader)
+    order = [pathlib.Path(page).stem for page in nav_pages(config["nav"]) if page.startswith("examples/")]
+    late = []
+    for script in EXAMPLES:
+        intro = script.read_text(encoding="utf-8").split("# %%\n")[0]
+        prose = " ".join(line[2:] for line in intro.splitlines() if line.startswith("# "))
+        for clause in (match[1] for sentence in re.split(r"\.\s", prose) if (match := re.search(r"\bassumes?\b([^;]*)", sentence))):
+            late += [f"{script.stem} assumes {page}" for page in re.findall(r"\]\(\.\./([a-z_0-9]+)/", clause)
+                     if order.index(page) > order.index(script.stem)]
+    assert not late, late
+
+
 def test_mkdocs_yml_executes_examples_strictly_and_offline():
     config, options = jupyter_plugin_options()
     assert config["strict"] is True
