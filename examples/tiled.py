@@ -129,17 +129,17 @@ print(f"T = 100, block_size = 16: largest difference from the float64 reference 
 # `m + log l`. In the backward pass it recomputes each tile's weights as `exp(s - lse)` from `Q`
 # and `K`, and uses `Σ_j P_ij dP_ij = dO_i · O_i` to finish the softmax's gradient without the
 # full row. That costs one more `Q Kᵀ` per tile, and saves all the memory the weights would need.
-# Count what each class keeps for the backward pass, at `T = 1024`, each tensor once (a tensor
-# several operations save, such as the input `x` of the three projections, is kept once), split
-# into the projections' weights, the module's input and what the attention itself keeps. First the
-# backward pass itself, one tile at a time (FlashAttention's Algorithm 2):
+# The backward pass, one tile at a time (FlashAttention's Algorithm 2):
 
 # %%
 show_source(tiled._TiledAttention.backward)
 show_source(tiled._tile_gradients)
 
 # %% [markdown]
-# What each class keeps, counted with autograd's saved-tensor hooks:
+# What each class keeps for the backward pass, counted with autograd's saved-tensor hooks at
+# `T = 1024`, each tensor once (a tensor several operations save, such as the input `x` of the three
+# projections, is kept once), split into the projections' weights, the module's input and what the
+# attention itself keeps:
 
 # %%
 def saved_tensors(module, x):
