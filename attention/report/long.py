@@ -15,7 +15,7 @@ from attention.report.format import MODE_TITLES, device_label, mebibytes, nested
 from attention.report.sequence import memory_slopes, shape_rows, sweep_rows, sweep_series, tied
 
 CLASSES = {"split_heads": ("naive: (B, H, T, T) scores", "tab:red", "o", "-"),  # label: (name, colour, marker, line)
-           "tiled": ("tiled (FlashAttention's algorithm)", "tab:green", "s", "--"),
+           "tiled": ("FlashAttention's algorithm, in Python", "tab:green", "s", "--"),
            "sdpa_causal": ("SDPA, fused", "tab:blue", "^", ":")}
 
 
