@@ -336,8 +336,8 @@ if largest_name == "`rope`":
         rope_rows[label] = (out.double() - exact_out).abs()[0, :, largest_position].max().item()
 
 # %% tags=["hide-input"]
-show_table(f"float16, the position of each class's largest error, and the smallest gap between the two largest exact "
-           f"scores of that query (over the heads), in scaled-score units", ["implementation", "position", "max |error|",
+show_table("float16, the position of each class's largest error, and the smallest gap between the two largest exact "
+           "scores of that query (over the heads), in scaled-score units", ["implementation", "position", "max |error|",
            "gap between its two largest scores"], rows)
 show_markdown(
     f"Rounding the queries and keys to float16 moves a scaled score by up to {rounding:.1f} units here. "
@@ -346,7 +346,7 @@ show_markdown(
     + (f", less than that rounding: the row's weight can go to either key, and the output with it. The other "
        f"classes' largest errors are {min(others):.2f} to {max(others):.2f}. So the outlier is a near tie in one row, "
        "not a rounding spread over the output, and not a bug: with other inputs another row, or no row, would stand out."
-       if near_tie else f", more than that rounding: a near tie does not explain it."))
+       if near_tie else ", more than that rounding: a near tie does not explain it."))
 if largest_name == "`rope`":
     show_table(f"`rope` at position {largest_position}, the attention alone (before the output projection): three "
                "ways of rounding its queries and keys, max |error| in that row", ["queries and keys", "max |error|"],

@@ -1,7 +1,8 @@
 # %% [markdown]
 # # Context-parallel (ring) attention
 #
-# A sequence too long for one device is split along its length: each of P processes (GPUs, in practice)
+# A sequence too long for one device is split along its length
+# ([context parallelism](../../glossary/#context-parallelism)): each of P processes (GPUs, in practice)
 # holds a shard of the queries, keys and values and computes attention for its own queries. Those
 # queries need every key, so the key/value blocks travel around a ring of processes, and each process
 # merges the partial results as they arrive with the online softmax of the
