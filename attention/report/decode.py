@@ -147,7 +147,7 @@ def charts(result):
 
 def tables(result):
     return "\n\n".join([bandwidth_note(result), decode_summary_table(result)] + [
-        f"Batch {batch}: tokens per second (one layer) · share of {share_words(result)}\n\n"
+        f"Batch {batch}: tok/s (tokens per second, one layer) · share of {share_words(result)}\n\n"
         + decode_table(result, batch) for batch in axes(result)[2]])
 
 
