@@ -464,7 +464,7 @@ def test_generated_lists_are_on_their_pages(built_site):
         assert re.search(rf"<code>{name}</code> refuses d_in != d_out", pages[""]), name
     lengths = ", ".join(str(t) for t in quick_config().seq_lens)
     assert f"<code>T</code> = {lengths}" in pages["getting-started"]
-    assert "Fastest correct" in pages["benchmarks"] and "Tied: the row" in pages["benchmarks"]
+    assert "Fastest correct" in pages["benchmarks"] and "Tied: the run cannot tell" in pages["benchmarks"]
 
 
 @pytest.mark.slow
@@ -777,3 +777,42 @@ def test_pages_with_snippets_show_their_output():
         for block in blocks:
             following = text[block.end():].lstrip()
             assert following.startswith("<!-- output -->"), f"{name}: a python block without <!-- output --> after it"
+
+
+def nav_pages(entries):
+    """The Markdown and example paths of mkdocs.yml's `nav`, nested sections flattened."""
+    for entry in entries:
+        for value in (entry.values() if isinstance(entry, dict) else [entry]):
+            yield from nav_pages(value) if isinstance(value, list) else [value]
+
+
+def test_home_links_every_page():
+    """Home is where a reader finds the current models, MLA, ring and the tiny GPT too: every page of the navigation
+    (the API reference through its first page) and every example page, those added later included."""
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    pages = {path for path in nav_pages(config["nav"]) if not path.startswith("api/") and path != "index.md"}
+    pages |= {f"examples/{script.name}" for script in EXAMPLES} | {"api/attention.md"}
+    linked = set(re.findall(r"\]\(([\w./-]+?)(?:#[\w-]*)?\)", (ROOT / "docs" / "index.md").read_text(encoding="utf-8")))
+    assert sorted(pages - linked) == []
+
+
+def test_home_names_every_implementation_file_that_imports_more_than_torch():
+    """Home says each class is one file importing only torch, and names the exceptions: every file of a class that
+    imports the package (a sibling it builds on) must be among them."""
+    import ast
+
+    home = " ".join((ROOT / "docs" / "index.md").read_text(encoding="utf-8").split())
+    files = sorted((ROOT / "attention" / "causal").glob("*.py")) + sorted((ROOT / "attention" / "models").glob("*.py"))
+    importing = []
+    for path in files:
+        if path.name in ("__init__.py", "published.py"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if any(isinstance(node, ast.ImportFrom) and (node.module or "").startswith("attention") for node in ast.walk(tree)):
+            importing.append(path.relative_to(ROOT).as_posix())
+    assert importing, "no file imports the package: the claim on Home needs no exceptions"
+    unnamed = [path for path in importing if not (path.startswith("attention/models/") and
+                                                  "model layers under `attention/models/`" in home)
+               and f"`{path.rsplit('/', 1)[-1]}`" not in home]
+    assert unnamed == []
+    assert "(all but `deepseek_v3.py`)" in home and "attention/models/deepseek_v3.py" not in importing
