@@ -779,13 +779,6 @@ def test_pages_with_snippets_show_their_output():
             assert following.startswith("<!-- output -->"), f"{name}: a python block without <!-- output --> after it"
 
 
-def nav_pages(entries):
-    """The Markdown and example paths of mkdocs.yml's `nav`, nested sections flattened."""
-    for entry in entries:
-        for value in (entry.values() if isinstance(entry, dict) else [entry]):
-            yield from nav_pages(value) if isinstance(value, list) else [value]
-
-
 def test_home_links_every_page():
     """Home is where a reader finds the current models, MLA, ring and the tiny GPT too: every page of the navigation
     (the API reference through its first page) and every example page, those added later included."""
