@@ -19,7 +19,7 @@ from attention.bench import metrics
 from attention.bench.provenance import collect_provenance
 from attention.machine import load_average, meminfo_bytes
 from attention.bench.results import (BYTES, COUNT, DEVICE_TYPES, KERNEL_NAME, MS, RATE, REASON, REASON_CHARS,
-                                     SCHEMA_VERSION, SDPA_BACKENDS, SDPA_OP_NAMES, SHARE, TOLERANCE)
+                                     SCHEMA_VERSION, SDPA_BACKENDS, SDPA_OP_NAMES, SHARE, TOLERANCE, disordered, mismatches)
 from attention.schema import BOOLEAN, SECONDS, config_problems, in_range, list_of, one_of
 
 DEVICES = ("auto", *DEVICE_TYPES)
@@ -143,6 +143,14 @@ def matmul_rates(row):
     numbers: what the sweep records and what the validator expects."""
     tflops = row["flops"] / (row["ms_median"] * 1e-3) / 1e12
     return {"tflops": tflops, "share_of_paired_matmul": tflops / (row["matmul_tflops_paired"] or math.nan)}
+
+
+def timed_row_problems(where, row, expected):
+    """A `PairedMatmul` row's problems: an `ok` row's times out of order, else each number of `expected` (with the
+    row's `matmul_rates` for an `ok` row) against the row's own."""
+    if row["status"] == "ok" and disordered(where, row):
+        return disordered(where, row)
+    return mismatches(where, row, expected | (matmul_rates(row) if row["status"] == "ok" else {}))
 
 
 class Yardstick(NamedTuple):

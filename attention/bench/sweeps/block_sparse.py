@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from attention.bench import core
-from attention.bench.results import BYTES, MAX_ROWS, POSITIVE, disordered, mismatches, new_row
+from attention.bench.results import BYTES, MAX_ROWS, POSITIVE, new_row
 from attention.schema import PROSE, SECONDS, field_rules, in_range, integer, list_of, mapping, one_of, record, rule_of
 from attention.masks import and_masks, bigbird, block_mask, causal, dense_mask, document, sliding_window
 from attention.reference import reference_kernel, tolerance
@@ -172,10 +172,5 @@ def validate(section, result):
         if not 0 < row["mask_density"] <= row["block_share"] <= 1:
             problems.append(f"{where}: expected 0 < mask_density <= block_share <= 1, got {row['mask_density']} and "
                             f"{row['block_share']}")
-        if row["status"] == "ok":
-            if disordered(where, row):
-                problems += disordered(where, row)
-                continue
-            expected |= core.matmul_rates(row)
-        problems += mismatches(where, row, expected)
+        problems += core.timed_row_problems(where, row, expected)
     return problems

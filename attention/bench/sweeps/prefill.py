@@ -17,7 +17,7 @@ from typing import Annotated
 import torch
 
 from attention.bench import core
-from attention.bench.results import BYTES, MAX_ROWS, POSITIVE, disordered, mismatches, new_row
+from attention.bench.results import BYTES, MAX_ROWS, POSITIVE, new_row
 from attention.schema import config_problems, field_rules, in_range, integer, list_of, one_of, record, rule_of
 from attention.models.deepseek_v3 import PATHS, LATENT_NORM_EPS, DeepseekV3Attention, latent_attention_flops, latent_config
 from attention.reference import randomised_parameters, reference_latent_attention, tolerance
@@ -139,10 +139,5 @@ def validate(section, result):
     for index, row in enumerate([] if problems else section["rows"]):
         where = f"prefill.rows[{index}] ({row['path']}, T={row['tokens']})"
         expected = {"flops": row_flops(row)}
-        if row["status"] == "ok":
-            if disordered(where, row):
-                problems += disordered(where, row)
-                continue
-            expected |= core.matmul_rates(row)
-        problems += mismatches(where, row, expected)
+        problems += core.timed_row_problems(where, row, expected)
     return problems
