@@ -80,23 +80,24 @@ def _table_cell(text):
 
 
 def show_shape(label, tensor, letters):
-    """Print one line of a shape walk-through: the tensor's shape, its shape in letters, then a label.
+    """Print one step of a shape walk-through: the label on its own line, then the tensor's shape and its shape in
+    letters, indented, in columns of fixed width:
 
-        (2, 2, 4, 2)     (B, H, T, D)             q = query(x).view(B, T, H, D).transpose(1, 2)
+        q = query(x).view(B, T, H, D).transpose(1, 2)
+            (2, 2, 4, 2)     (B, H, T, D)
 
-    The shapes come first, in columns of fixed width, and the label (often a long expression) last: on
-    a narrow screen the shapes stay in view and only the label runs past the edge. Plain text in a
-    notebook too: the lines printed by one cell form one aligned, monospaced block, where a rich
-    output per line would break them into separate blocks.
+    The label (often a long expression) has a line to itself, so on a phone, where a line wider than the screen
+    scrolls sideways, neither the label nor the shapes lie off-screen; the shapes of consecutive steps stay
+    aligned. Plain text in a notebook too: the lines printed by one cell form one aligned, monospaced block, where
+    a rich output per line would break them into separate blocks.
 
     Args:
         label: the expression or name.
         tensor: anything with a `.shape` (a tensor, a FlexAttention `BlockMask`).
         letters: the shape in the notation of the docs, e.g. `"(B, H, T, D)"`.
     """
-    # A shape column of 16 holds a 5-D shape such as (2, 4, 3, 2, 2); a letters column of 24 the longest
-    # letters of the examples, such as (B, H_kv, capacity, D). Longer entries push the rest of the line.
-    print(f"{str(tuple(tensor.shape)):<16} {letters:<24} {label}")
+    # A shape column of 16 holds a 5-D shape such as (2, 4, 3, 2, 2); a longer one pushes the letters.
+    print(f"{label}\n    {str(tuple(tensor.shape)):<16} {letters}")
 
 
 def _ipython_display():

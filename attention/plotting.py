@@ -33,6 +33,8 @@ CSS_DPI = 96
 PIXEL_RATIO = 2
 # The lowest weight a log-scale weight map tells apart; smaller weights share its colour.
 LOG_SCALE_FLOOR = 1e-3
+# The colour of masked pairs (weight 0) on a log-scale weight map: off the scale, a grey no colour of magma is.
+MASKED_GREY = "#9e9e9e"
 # Inches: 960 CSS pixels, about the text column of the site on a wide screen.
 MAX_FIGURE_WIDTH = 10.0
 
@@ -260,8 +262,9 @@ def plot_attention_weights(weights, ncols=4, title="Attention weights per head",
         from matplotlib import colormaps
         from matplotlib.colors import LogNorm
 
-        # Masked pairs (weight 0) are off the log scale: drawn in the colour of the lowest weights.
-        scale = dict(cmap=colormaps["magma"].with_extremes(bad="black", under="black"),
+        # Masked pairs (weight 0) are off the log scale: drawn grey (MASKED_GREY), apart from the smallest weights;
+        # weights below the floor take the colour of the lowest weights.
+        scale = dict(cmap=colormaps["magma"].with_extremes(bad=MASKED_GREY, under="black"),
                      norm=LogNorm(vmin=LOG_SCALE_FLOOR, vmax=1.0))
     else:
         scale = dict(cmap="magma", vmin=0.0, vmax=1.0)
@@ -271,7 +274,7 @@ def plot_attention_weights(weights, ncols=4, title="Attention weights per head",
     outer_labels(all_axes, ncols)
     fig.suptitle(title)
     colorbar = fig.colorbar(image, ax=axes)
-    colorbar.set_label("attention weight (rows sum to 1" + (", log scale)" if log_scale else ")"))
+    colorbar.set_label("attention weight (rows sum to 1" + (", log scale; grey: masked)" if log_scale else ")"))
     return fig
 
 

@@ -3,12 +3,45 @@
 Plain PyTorch in float64, written for clarity, not speed: one explicit score matrix, one masked
 softmax over the keys. It reads weights in the canonical form (`query.weight`, `key.weight`,
 `value.weight`, `out.weight`, optional biases) that every implementation exports. Implementations
-never import it; the tests and the benchmark's correctness check do.
+never import it; the tests and the benchmark's correctness check do. It imports nothing of the package
+either: what it needs to know of a model it reads from the model's configuration (`model_reference_kwargs`),
+so a layer that reads its configuration wrongly differs from it. `TOLERANCES` says how close an
+implementation must come to it, on each device and dtype.
 """
 
 import math
 
 import torch
+
+# How close an output computed on a device type in a dtype must come to this reference, for the tests and the
+# benchmark alike: `|out - reference| <= atol + rtol * |reference|` at every element. The low-precision rows include
+# the rounding of the weights themselves (a module runs wholly in that dtype); "tf32" is float32 with TensorFloat-32
+# matmuls (NVIDIA GPUs). The recorded runs' largest errors sit well inside (docs/results: 4.4e-6 in float32 over
+# 32k-token decode steps and long sequences, 5.6e-3 in bfloat16).
+TOLERANCES = {
+    ("cpu", "float32"): {"atol": 2e-5, "rtol": 1e-4},
+    ("cpu", "bfloat16"): {"atol": 2e-2, "rtol": 2e-2},
+    ("cpu", "float16"): {"atol": 3e-3, "rtol": 3e-3},
+    ("cuda", "float32"): {"atol": 2e-5, "rtol": 1e-4},
+    ("cuda", "tf32"): {"atol": 5e-3, "rtol": 5e-3},
+    ("cuda", "bfloat16"): {"atol": 2e-2, "rtol": 2e-2},
+    ("cuda", "float16"): {"atol": 3e-3, "rtol": 3e-3},
+    ("mps", "float32"): {"atol": 2e-5, "rtol": 1e-4},
+    ("mps", "bfloat16"): {"atol": 2e-2, "rtol": 2e-2},
+    ("mps", "float16"): {"atol": 3e-3, "rtol": 3e-3},
+}
+
+
+def tolerance(device, dtype):
+    """`{"atol", "rtol"}` (a new dict) for outputs computed on `device` (a `torch.device` or its name) in `dtype` (a
+    `torch.dtype`, or its name: `"float32"`, `"tf32"`, `"bfloat16"`, `"float16"`), from `TOLERANCES`; `ValueError`
+    naming the pair where the table has none."""
+    device_type = torch.device(device).type
+    name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+    if (device_type, name) not in TOLERANCES:
+        raise ValueError(f"no tolerance for dtype={name!r} on device type {device_type!r}: TOLERANCES has "
+                         f"{', '.join(f'{d}/{t}' for d, t in TOLERANCES)}")
+    return dict(TOLERANCES[(device_type, name)])
 
 
 def reference_attention(query, key, value, state, num_heads, mask=None, attn_bias=None, rope_base=None):
@@ -25,7 +58,7 @@ def reference_attention(query, key, value, state, num_heads, mask=None, attn_bia
             attend to gets zero weights and a zero attention output.
         attn_bias: additive score bias broadcastable to `(B, H, Tq, Tk)` (ALiBi).
         rope_base: if given, rotate each pair `(i, i + D/2)` of queries and keys by the angle
-            `position * rope_base ** (-2i / D)` (rotary embeddings, rotate-half layout).
+            `position * rope_base ** (-2i / D)` (rotary embeddings, rotate-half layout: `reference_rope`).
 
     Returns:
         `(out, weights)`: `(B, Tq, d_out)` and `(B, H, Tq, Tk)`, both float64.
@@ -45,12 +78,13 @@ def reference_attention(query, key, value, state, num_heads, mask=None, attn_bia
 
     q, k, v = split(project(query, "query")), split(project(key, "key")), split(project(value, "value"))
     if rope_base is not None:
-        q, k = rotate_pairs(q, rope_base), rotate_pairs(k, rope_base)
+        inv_freq, _ = rope_frequencies(head_dim, {"rope_theta": rope_base})
+        q, k = reference_rope(q, torch.arange(q.shape[-2]), inv_freq), reference_rope(k, torch.arange(k.shape[-2]), inv_freq)
 
-    context, weights = reference_kernel(q, k, v, mask=mask, bias=attn_bias)  # (B, H, Tq, D), (B, H, Tq, Tk)
-    B, H, Tq, D = context.shape
-    context = context.permute(0, 2, 1, 3).reshape(B, Tq, H * D)
-    return project(context, "out"), weights
+    attn_output, weights = reference_kernel(q, k, v, mask=mask, bias=attn_bias)  # (B, H, Tq, D), (B, H, Tq, Tk)
+    B, H, Tq, D = attn_output.shape
+    attn_output = attn_output.permute(0, 2, 1, 3).reshape(B, Tq, H * D)
+    return project(attn_output, "out"), weights
 
 
 def reference_kernel(q, k, v, mask=None, bias=None, *, scale=None, softcap=None, sinks=None):
@@ -104,20 +138,15 @@ def reference_kernel(q, k, v, mask=None, bias=None, *, scale=None, softcap=None,
     return weights @ v, weights  # (B, H, Tq, Dv), (B, H, Tq, Tk)
 
 
-def rotate_pairs(x, base):
-    """Rotate the pair `(x[..., i], x[..., i + D/2])` at position t by `t * base ** (-2i / D)`; x is `(B, H, T, D)`."""
-    inverse_frequencies, _ = rope_inverse_frequencies(x.shape[-1], base)
-    return apply_rotary(x, torch.arange(x.shape[-2]), inverse_frequencies)
-
-
-def rope_inverse_frequencies(rotary_dim, base, scaling=None):
+def rope_frequencies(rotary_dim, parameters):
     """Rotary embeddings' angle per position for each pair of `rotary_dim` features, in float64, and the factor
     the rotated queries and keys are multiplied by.
 
     Pair `i` (of `rotary_dim / 2`) turns by `position * inverse_frequencies[i]`; unscaled,
-    `inverse_frequencies[i] = base ** (-2i / rotary_dim)` (Su et al., 2021, https://arxiv.org/abs/2104.09864).
-    `scaling` (a model's `rope_parameters` / `rope_scaling`, `None` or `rope_type` "default" for none) stretches
-    the slow pairs to reach longer contexts:
+    `inverse_frequencies[i] = rope_theta ** (-2i / rotary_dim)` (Su et al., 2021, https://arxiv.org/abs/2104.09864).
+    `parameters` is a model's `rope_parameters` (or its `rope_scaling` with `rope_theta` added): `rope_theta`, and
+    `rope_type` (or `type`; absent: "default", no scaling) with the fields it reads, which stretch the slow pairs to
+    reach longer contexts:
 
     * `"linear"` (`factor`): every frequency divided by `factor` (position interpolation,
       https://arxiv.org/abs/2306.15595).
@@ -128,18 +157,21 @@ def rope_inverse_frequencies(rotary_dim, base, scaling=None):
     * `"yarn"` (`factor`, `original_max_position_embeddings`, optional `beta_fast` 32, `beta_slow` 1,
       `mscale`, `mscale_all_dim`, `attention_factor`, `truncate` True): YaRN (Peng et al., 2023,
       https://arxiv.org/abs/2309.00071) as its reference code computes it: pair index `d` where a pair
-      turns `beta` times over the original context is `rotary_dim * ln(original / (2 pi beta)) / (2 ln base)`;
+      turns `beta` times over the original context is `rotary_dim * ln(original / (2 pi beta)) / (2 ln rope_theta)`;
       pairs below the `beta_fast` index keep their frequency, pairs past the `beta_slow` index are divided by
       `factor`, and a linear ramp in the pair index blends between (bounds floored and ceiled when
       `truncate`). The attention factor is `0.1 * ln(factor) + 1` (or, given both `mscale` and
       `mscale_all_dim`, the ratio of that formula at each), unless `attention_factor` is given.
 
+    The models compute the same thing their own way (`attention.models.llama.rope_frequencies`): the tests compare.
+
     Returns:
         `(inverse_frequencies, attention_factor)`: `(rotary_dim / 2,)` float64 and a float (1.0 but for YaRN).
     """
+    scaling, base = parameters, parameters["rope_theta"]
     pair = torch.arange(rotary_dim // 2, dtype=torch.float64)
     inverse_frequencies = base ** (-2 * pair / rotary_dim)
-    kind = "default" if scaling is None else scaling.get("rope_type", scaling.get("type", "default"))
+    kind = scaling.get("rope_type", scaling.get("type")) or "default"
     if kind == "default":
         return inverse_frequencies, 1.0
     factor = scaling["factor"]
@@ -178,7 +210,7 @@ def rope_inverse_frequencies(rotary_dim, base, scaling=None):
     raise ValueError(f"rope scaling type must be default, linear, llama3 or yarn, got {kind!r}")
 
 
-def apply_rotary(x, positions, inverse_frequencies, attention_factor=1.0, interleaved=False):
+def reference_rope(x, positions, inverse_frequencies, attention_factor=1.0, interleaved=False):
     """`x` `(B, H, T, D)` at `positions` `(T,)` rotated in float64, times `attention_factor`.
 
     The first `2 * len(inverse_frequencies)` features rotate (the rest, if any, pass unchanged: partial
@@ -390,8 +422,8 @@ def reference_model_attention(x, state, *, head_dim, scale, rope=None, interleav
             for learned sinks (gpt-oss).
         head_dim: D; the head counts H and H_kv follow from the weights' rows.
         scale, softcap: as in `reference_kernel`.
-        rope: `(inverse_frequencies, attention_factor)` from `rope_inverse_frequencies`, or None: no rotation (NoPE).
-        interleaved: RoPE pairs `(2i, 2i + 1)` (Meta's layout, Llama 4) instead of `(i, i + D/2)` (`apply_rotary`).
+        rope: `(inverse_frequencies, attention_factor)` from `rope_frequencies`, or None: no rotation (NoPE).
+        interleaved: RoPE pairs `(2i, 2i + 1)` (Meta's layout, Llama 4) instead of `(i, i + D/2)` (`reference_rope`).
         qk_norm: None; `"head"`: an RMSNorm of each query and key head over `head_dim`, before RoPE (Qwen3,
             Gemma 3); `"projection"`: an RMSNorm over the whole query and the whole key projection, before RoPE
             (OLMo 2); `"l2"`: an RMSNorm without weight of each head, after RoPE (Llama 4).
@@ -429,8 +461,8 @@ def reference_model_attention(x, state, *, head_dim, scale, rope=None, interleav
     positions = torch.arange(past, past + T)
     if rope is not None:
         inverse_frequencies, attention_factor = rope
-        q = apply_rotary(q, positions, inverse_frequencies, attention_factor, interleaved)
-        k = apply_rotary(k, positions, inverse_frequencies, attention_factor, interleaved)
+        q = reference_rope(q, positions, inverse_frequencies, attention_factor, interleaved)
+        k = reference_rope(k, positions, inverse_frequencies, attention_factor, interleaved)
     if qk_norm == "l2":
         q, k = reference_rms_norm(q, None, norm_eps), reference_rms_norm(k, None, norm_eps)
     elif qk_norm not in (None, "head", "projection"):
@@ -447,29 +479,79 @@ def reference_model_attention(x, state, *, head_dim, scale, rope=None, interleav
         mask = mask & (distance < window)
     if chunk is not None:
         mask = mask & (positions[:, None] // chunk == key_positions[None, :] // chunk)
-    context, weights = reference_kernel(q, k, v, mask, scale=scale, softcap=softcap, sinks=f64.get("sinks"))
-    context = context.transpose(1, 2).reshape(B, T, -1)  # (B, T, H * D)
-    return project(context, "o_proj"), weights
+    attn_output, weights = reference_kernel(q, k, v, mask, scale=scale, softcap=softcap, sinks=f64.get("sinks"))
+    attn_output = attn_output.transpose(1, 2).reshape(B, T, -1)  # (B, T, H * D)
+    return project(attn_output, "o_proj"), weights
 
 
-def model_reference_kwargs(module, positions):
-    """`reference_model_attention`'s keywords for a layer of `attention.models` whose queries sit at `positions`
-    `(T,)`, read from the layer's attributes (the tests' and the benchmark's checks share it)."""
-    from attention.models.gemma3 import Gemma3RMSNorm
-    from attention.models.llama4 import Llama4TextAttention
+def model_reference_kwargs(config, layer_idx, positions, family=None):
+    """`reference_model_attention`'s keywords for layer `layer_idx` of the model `config` describes, its queries at
+    `positions` `(T,)`: read from the configuration (a mapping, or an object, with transformers' field names), never
+    from the layer under test, so a layer that reads its configuration wrongly (its scale, window, chunk, soft-cap,
+    norm epsilon, RoPE frequencies) differs from the reference.
 
-    parameters = module.rope_parameters
-    rope = None if parameters is None else rope_inverse_frequencies(module.head_dim, parameters["rope_theta"], parameters)
-    q_norm = getattr(module, "q_norm", None)
+    Each field means what the model's paper and config.json say (the docstrings of `attention.models`' files link
+    them): the layer's kind from `layer_types`, or the model's rule where the config lists none (Mistral: a window
+    on every layer where one is set; Qwen2/3: from `max_window_layers` on, where `use_sliding_window`; Gemma 2 and
+    gpt-oss: even layers local; Gemma 3: all but every `sliding_window_pattern`-th local; Llama 4: the RoPE layers
+    chunked, every `no_rope_layer_interval`-th without RoPE); Gemma's scale `query_pre_attn_scalar ** -0.5`, else
+    `head_dim ** -0.5`; Gemma 2's soft-cap (Gemma 3 keeps the field and never applies it); RoPE from
+    `rope_parameters` (per layer kind where it holds one dict per kind) or `rope_theta` and `rope_scaling` (Gemma 3's
+    local layers: `rope_local_base_freq`); Llama 4's L2 norm on its RoPE layers where `use_qk_norm`, and its NoPE
+    layers' query temperature.
+
+    `family`: the class of `attention.models` whose layer this is, for what its family declares and no configuration
+    field tells, as plain class attributes: `qk_norm` (None, `"head"`, `"projection"` or `"l2"`), `norm_offset` (Gemma's
+    norm weights store `scale - 1`: 1.0) and `rope_interleaved` (Llama 4's pairs `(2i, 2i + 1)`).
+    """
+    def field(name, default=None):
+        value = config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+        return default if value is None else value
+
+    model_type = field("model_type", "llama")
+    head_dim = field("head_dim") or field("hidden_size") // field("num_attention_heads")
+    no_rope_interval = field("no_rope_layer_interval", 4)
+    rotates = (bool(field("no_rope_layers")[layer_idx]) if field("no_rope_layers")  # Llama 4's flags: 1 = RoPE
+               else model_type != "llama4_text" or (layer_idx + 1) % no_rope_interval != 0)
+    if field("layer_types"):
+        kind = field("layer_types")[layer_idx]
+    elif model_type == "mistral":
+        kind = "sliding_attention" if field("sliding_window") else "full_attention"
+    elif model_type in ("qwen2", "qwen3"):
+        sliding = field("use_sliding_window", False) and field("sliding_window")
+        kind = "sliding_attention" if sliding and layer_idx >= field("max_window_layers") else "full_attention"
+    elif model_type in ("gemma2", "gpt_oss"):
+        kind = "sliding_attention" if layer_idx % 2 == 0 else "full_attention"
+    elif model_type == "gemma3_text":
+        kind = "sliding_attention" if (layer_idx + 1) % field("sliding_window_pattern", 6) else "full_attention"
+    elif model_type == "llama4_text":
+        kind = "chunked_attention" if rotates and field("attention_chunk_size") else "full_attention"
+    else:
+        kind = "full_attention"
+    rope = None
+    if rotates:
+        parameters = field("rope_parameters")
+        if parameters is None and model_type == "gemma3_text" and kind == "sliding_attention":
+            parameters = {"rope_theta": field("rope_local_base_freq", 10_000.0)}
+        elif parameters is None:
+            parameters = {**field("rope_scaling", {}), "rope_theta": field("rope_theta", 1_000_000.0 if model_type ==
+                                                                           "gemma3_text" else None)}
+        elif kind in parameters:  # one dict per kind of layer (Gemma 3 in transformers 5)
+            parameters = parameters[kind]
+        rope = rope_frequencies(head_dim, parameters)
+    qk_norm = getattr(family, "qk_norm", None)
+    if model_type == "llama4_text" and not (rotates and field("use_qk_norm", True)):
+        qk_norm = None
     temperature = None
-    if getattr(module, "attn_temperature_tuning", False):  # Llama 4's NoPE layers (https://arxiv.org/abs/2501.19399)
-        temperature = torch.log1p(torch.floor((positions.to(torch.float64) + 1) / module.floor_scale)) * module.attn_scale + 1
-    return dict(head_dim=module.head_dim, scale=module.scaling, rope=rope,
-                interleaved=isinstance(module, Llama4TextAttention), qk_norm=module.qk_norm,
-                norm_eps=getattr(q_norm, "variance_epsilon", getattr(q_norm, "eps", getattr(module, "norm_eps", None))),
-                norm_offset=1.0 if isinstance(q_norm, Gemma3RMSNorm) else 0.0, window=module.sliding_window,
-                chunk=getattr(module, "attention_chunk_size", None), softcap=getattr(module, "attn_logit_softcapping", None),
-                query_temperature=temperature)
+    if model_type == "llama4_text" and not rotates and field("attn_temperature_tuning", True):  # arXiv 2501.19399
+        temperature = (torch.log1p(torch.floor((positions.to(torch.float64) + 1) / field("floor_scale", 8192)))
+                       * field("attn_scale", 0.1) + 1)
+    scale = (field("query_pre_attn_scalar") if model_type in ("gemma2", "gemma3_text") else head_dim) ** -0.5
+    return dict(head_dim=head_dim, scale=scale, rope=rope, interleaved=getattr(family, "rope_interleaved", False),
+                qk_norm=qk_norm, norm_eps=field("rms_norm_eps", 1e-6), norm_offset=getattr(family, "norm_offset", 0.0),
+                window=field("sliding_window") if kind == "sliding_attention" else None,
+                chunk=field("attention_chunk_size") if kind == "chunked_attention" else None,
+                softcap=field("attn_logit_softcapping") if model_type == "gemma2" else None, query_temperature=temperature)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -525,10 +607,10 @@ def reference_latent_attention(x, state, num_heads, qk_nope_head_dim, qk_rope_he
     compressed = linear(x, "kv_a_proj_with_mqa")  # (B, T, Dc + Dr)
     latent = rms_norm(compressed[..., :Dc], "kv_a_layernorm")  # (B, T, Dc): c^KV
     k_rope = compressed[..., Dc:].unsqueeze(1)  # (B, 1, T, Dr): one rotary key for all heads
-    inverse_frequencies, attention_factor = rope_inverse_frequencies(Dr, rope_theta, rope_scaling)
+    inverse_frequencies, attention_factor = rope_frequencies(Dr, {**(rope_scaling or {}), "rope_theta": rope_theta})
     positions = torch.arange(L, L + T)
-    q_rope = apply_rotary(q_rope, positions, inverse_frequencies, attention_factor, rope_interleave)  # RoPE, eq. 14
-    k_rope = apply_rotary(k_rope, positions, inverse_frequencies, attention_factor, rope_interleave)  # RoPE, eq. 15
+    q_rope = reference_rope(q_rope, positions, inverse_frequencies, attention_factor, rope_interleave)  # RoPE, eq. 14
+    k_rope = reference_rope(k_rope, positions, inverse_frequencies, attention_factor, rope_interleave)  # RoPE, eq. 15
     if past_latent is not None:  # the cached positions first
         latent = torch.cat([past_latent.to(torch.float64), latent], dim=1)  # (B, L + T, Dc)
         k_rope = torch.cat([past_rope_keys.to(torch.float64).unsqueeze(1), k_rope], dim=2)  # (B, 1, L + T, Dr)
@@ -544,6 +626,6 @@ def reference_latent_attention(x, state, num_heads, qk_nope_head_dim, qk_rope_he
     if kind != "default" and rope_scaling.get("mscale_all_dim") and rope_scaling["factor"] > 1:
         scale *= (0.1 * rope_scaling["mscale_all_dim"] * math.log(rope_scaling["factor"]) + 1) ** 2
     causal_mask = positions[:, None] >= torch.arange(S)[None, :]  # (T, S), True = attend
-    context, weights = reference_kernel(q, k, v_content, mask=causal_mask, scale=scale)  # (B, H, T, Dv)
-    context = context.permute(0, 2, 1, 3).reshape(B, T, H * Dv)  # eq. 19: [o_1; ...; o_H]
-    return linear(context, "o_proj"), weights
+    attn_output, weights = reference_kernel(q, k, v_content, mask=causal_mask, scale=scale)  # (B, H, T, Dv)
+    attn_output = attn_output.permute(0, 2, 1, 3).reshape(B, T, H * Dv)  # eq. 19: [o_1; ...; o_H]
+    return linear(attn_output, "o_proj"), weights

@@ -26,67 +26,45 @@
 #    (the loss is `sum(out * G)`).
 # 3. Compute the same in float64 with `reference_causal_self_attention`, from the weights and
 #    inputs *after* rounding to the dtype, so the table measures the arithmetic, not the rounding
-#    of the inputs. Classes with position encodings (`position_encoding = "alibi"` or `"rope"`)
-#    pass it to the reference.
+#    of the inputs; autograd gives the reference's gradients with respect to the input and every
+#    weight. Classes with position encodings (`position_encoding = "alibi"` or `"rope"`) pass it to
+#    the reference.
 # 4. Report the largest absolute difference over all elements (and, further down, the mean).
-#
-# The reference detaches its weights: it is a function of the input only. To get its gradients
-# with respect to the weights as well, the projections are computed outside it, in float64 with
-# autograd, and handed in as one stacked input of `3 * d_out` features, which the reference then
-# "projects" with exact 0/1 selector matrices. The output matches a direct call to the reference,
-# as printed below.
 #
 # API reference: [`attention.reference`](../../api/reference/).
 
 # %%
+import copy
+
 import torch
 import torch.nn.functional as F
 
 from attention import IMPLEMENTATIONS
 from attention.display import show_markdown, show_table
-from attention.reference import expand_kv_heads, kv_heads_state, reference_causal_self_attention
+from attention.reference import kv_heads_state, reference_attention, reference_causal_self_attention
 
 torch.manual_seed(0)
 B, T, C, H = 2, 16, 32, 4
 DTYPES = (torch.float32, torch.bfloat16)
-# Exact 0/1 matrices that "project" a stacked (query | key | value) input of 3C features onto its blocks.
-eye, zero = torch.eye(C, dtype=torch.float64), torch.zeros(C, C, dtype=torch.float64)
-SELECTORS = {
-    "query.weight": torch.cat([eye, zero, zero], dim=1),  # (C, 3C): picks the query block
-    "key.weight": torch.cat([zero, eye, zero], dim=1),
-    "value.weight": torch.cat([zero, zero, eye], dim=1),
-    "out.weight": eye,  # the output projection is applied outside the reference
-}
 
 
 def reference_and_gradients(x, state, position_encoding, grad_out):
-    """Float64 reference output and its gradients w.r.t. `x` and every canonical weight."""
+    """Float64 reference output and its gradients with respect to `x` and every canonical weight."""
     weights = {name: tensor.detach().double().requires_grad_() for name, tensor in state.items()}
-    expanded = expand_kv_heads(weights, H)  # grouped-query K/V: each K/V head repeated for its group
     x64 = x.detach().double().requires_grad_()
-
-    def project(name):
-        y = x64 @ expanded[f"{name}.weight"].T  # (B, T, C)
-        return y + expanded[f"{name}.bias"] if f"{name}.bias" in expanded else y
-
-    stacked = torch.cat([project("query"), project("key"), project("value")], dim=-1)  # (B, T, 3C)
-    context, _ = reference_causal_self_attention(stacked, SELECTORS, H, position_encoding)  # (B, T, C)
-    out = context @ weights["out.weight"].T + weights["out.bias"]  # (B, T, C), with autograd
+    out, _ = reference_causal_self_attention(x64, weights, H, position_encoding)  # (B, T, C)
     (out * grad_out.double()).sum().backward()
     return out.detach(), x64.grad, {name: w.grad for name, w in weights.items()}
 
 
 def canonical_gradients(module):
-    """The module's parameter gradients, mapped to canonical names by its own `canonical_state_dict`."""
-    parameters = list(module.parameters())
-    values = [p.data for p in parameters]
-    for p in parameters:
-        p.data = p.grad if p.grad is not None else torch.zeros_like(p)
-    try:
-        return module.canonical_state_dict()
-    finally:
-        for p, value in zip(parameters, values):
-            p.data = value
+    """The module's parameter gradients under canonical names: the `canonical_state_dict` of a copy whose
+    parameters hold the gradients (the method only renames, splits and joins parameters)."""
+    shadow = copy.deepcopy(module)
+    with torch.no_grad():
+        for copied, original in zip(shadow.parameters(), module.parameters()):
+            copied.copy_(original.grad if original.grad is not None else torch.zeros_like(original))
+    return shadow.canonical_state_dict()
 
 
 def max_error(actual, expected):
@@ -96,18 +74,11 @@ def max_error(actual, expected):
 def mean_error(actual, expected):
     return (actual.double() - expected.double()).abs().mean().item()
 
-# %% [markdown]
-# First, the detour through stacked projections changes nothing:
 
-# %%
 base = IMPLEMENTATIONS["split_heads"](C, C, T, 0.0, H)
 state = base.canonical_state_dict()
 x = torch.randn(B, T, C)
 grad_out = torch.randn(B, T, C)
-direct, _ = reference_causal_self_attention(x, state, H)
-stacked, _, _ = reference_and_gradients(x, state, None, grad_out)
-print(f"max |stacked form - direct reference| = {max_error(stacked, direct):.1e}")
-assert max_error(stacked, direct) < 1e-12
 
 # %% [markdown]
 # ## Every implementation
@@ -164,8 +135,8 @@ for label in ("float32", "bfloat16"):
                ["implementation", "position encoding", "out", "dL/dx", "dL/dW"], rows)
 for note in notes:
     print("not run:", note)
-_, scale_dx, scale_dw = reference_and_gradients(x, state, None, grad_out)
-print(f"For scale (float64, no position encoding): max |out| = {direct.abs().max().item():.2f}, "
+scale_out, scale_dx, scale_dw = reference_and_gradients(x, state, None, grad_out)
+print(f"For scale (float64, no position encoding): max |out| = {scale_out.abs().max().item():.2f}, "
       f"max |dL/dx| = {scale_dx.abs().max().item():.2f}, "
       f"max |dL/dW| = {max(g.abs().max().item() for g in scale_dw.values()):.2f}")
 print("unit roundoff (half the gap between 1 and the next number): "
@@ -226,14 +197,16 @@ show_table(f"float32, T = {T_long} (blocks of {tile}: {-(-T_long // tile)} per r
 # **The output.** Every class without a position encoding projects `x` to queries, keys and values
 # with a bfloat16 matmul, rounds the attention output (the *context*) to bfloat16, and applies the
 # output projection in bfloat16. Run exactly those shared steps around an *exact* attention core
-# (the float64 reference on the rounded queries, keys and values):
+# (the float64 reference on the rounded queries, keys and values, with identity projections):
 
 # %%
 bf16_state = {name: tensor.to(torch.bfloat16) for name, tensor in state.items()}
 x_bf16 = x.to(torch.bfloat16)
 q, k, v = (F.linear(x_bf16, bf16_state[f"{name}.weight"], bf16_state.get(f"{name}.bias"))
            for name in ("query", "key", "value"))  # (B, T, C) each, rounded to bfloat16 like nn.Linear's
-exact_context, _ = reference_causal_self_attention(torch.cat([q, k, v], dim=-1), SELECTORS, H)  # (B, T, C), float64
+identity = {name: torch.eye(C, dtype=torch.float64) for name in ("query.weight", "key.weight", "value.weight", "out.weight")}
+causal_mask = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T), True = attend
+exact_context, _ = reference_attention(q, k, v, identity, H, mask=causal_mask)  # (B, T, C): float64, no projection
 shared_steps_out = F.linear(exact_context.to(torch.bfloat16), bf16_state["out.weight"], bf16_state["out.bias"])  # (B, T, C)
 expected_bf16, _ = reference_causal_self_attention(x_bf16, bf16_state, H)  # (B, T, C): the float64 reference
 

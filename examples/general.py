@@ -137,7 +137,7 @@ show_shape("causal_mask", causal_mask, "(Tq, Tq)")
 # [canonical weights](../../glossary/#canonical-state-dict): causal self-attention,
 # cross-attention with the padding mask above, the returned weights, and rotary embeddings.
 
-# %% tags=["hide-input"]
+# %%
 def report(label, actual, expected, tolerance=1e-5):
     error = (actual.double() - expected).abs().max().item()
     print(f"{label:<44} max error = {error:.2e}")

@@ -23,8 +23,9 @@ from matplotlib.figure import Figure
 import attention
 from attention.report import prose
 from attention.bench.metrics import profile_call
-from attention.causal.gqa import GroupedQueryAttention, KVCache, MultiQueryAttention
+from attention.causal.gqa import GroupedQueryAttention, MultiQueryAttention
 from attention.causal.gqa_flex import GroupedQueryFlexAttention
+from attention.decoding import KVCache
 from attention.display import show, show_markdown, show_shape, show_table
 from attention.reference import expand_kv_heads, reference_causal_self_attention
 

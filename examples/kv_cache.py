@@ -5,18 +5,19 @@
 # of every token before it. Recomputing them at every step would project the whole prefix again;
 # a **KV cache** keeps them, so a step projects only the new token and reads the cache. This page
 # builds decoding on `GroupedQueryAttention` (`attention/causal/gqa.py`, the class of
-# [Grouped-query and multi-query attention](../gqa/)): prefill, one token per step, chunks of
+# [Grouped-query and multi-query attention](../gqa/)), with the caches and kernels of `attention/decoding/`: prefill, one token per step, chunks of
 # several tokens, then the pitfalls, each shown failing and fixed, then the speed of a step,
 # measured. It assumes the [split-heads](../split_heads/) page (the `(B, H, T, D)` layout) and
 # the [masks](../masks/) page (predicates, True = attend).
 #
-# API reference: [`attention.causal.gqa`](../../api/causal/gqa/).
+# API reference: [`attention.causal.gqa`](../../api/causal/gqa/), [`attention.decoding`](../../api/decoding/).
 
 # %%
 import torch
 import torch.nn.functional as F
 
-from attention.causal.gqa import GroupedQueryAttention, KVCache, SlidingWindowKVCache
+from attention.causal.gqa import GroupedQueryAttention
+from attention.decoding import KVCache, SlidingWindowKVCache
 from attention.display import show, show_markdown, show_shape, show_table
 from attention.masks import and_masks, attention_sinks, causal, dense_mask, or_masks, sliding_window
 from attention.plotting import plot_masks
@@ -454,7 +455,7 @@ import torch.nn.functional as F
 
 from attention.report import prose
 from attention.bench import metrics
-from attention.causal.gqa import grouped_decode_attention, row_split_linear
+from attention.decoding import grouped_decode_attention, row_split_linear
 
 cpu = torch.device("cpu")
 read_call, read_bytes = metrics.bandwidth_call(cpu, torch.float32)

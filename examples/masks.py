@@ -19,16 +19,15 @@
 # API reference: [`attention.masks`](../../api/masks/).
 
 # %%
-from functools import partial
-
 import torch
 import torch.nn.functional as F
+from torch.utils import benchmark
 
 from attention import masks
-from attention.bench.metrics import Timing, time_callable
 from attention.causal.flex import compiled_flex_attention
 from attention.display import show, show_markdown, show_table
 from attention.plotting import plot_mask, plot_masks
+from attention.report.long import block_sparse_chart, block_sparse_section, recorded
 
 # %% [markdown]
 # ## Causal and windows
@@ -236,8 +235,9 @@ show_markdown(
 # kernel the work is the number of blocks it computes, so the claim holds when each query's keys
 # stay in a bounded number of blocks, as a sliding window's do, and fails for the strided pattern
 # above. The cell below counts the blocks of a fixed window of 256 keys and of `causal` as `T`
-# doubles, and times compiled FlexAttention on both (batch 1, 4 heads, `D = 64`; median of several
-# calls, [IQR](../../glossary/#iqr) in brackets; a shared CPU makes the times noisy).
+# doubles, and times compiled FlexAttention on both with PyTorch's `torch.utils.benchmark.Timer`
+# (batch 1, 4 heads, `D = 64`; the median of blocks of calls over 0.3 s or six calls,
+# [IQR](../../glossary/#iqr) in brackets; a shared CPU makes the times noisy).
 
 # %%
 def window_in_a_tensor(window_size):
@@ -253,15 +253,18 @@ def window_in_a_tensor(window_size):
 
 
 WINDOW = 256
-timed = {}  # (pattern, T) -> (blocks computed, total blocks, timing)
+timed = {}  # (pattern, T) -> (blocks computed, total blocks, ms median, ms IQR)
 for T_long in (1024, 2048, 4096):
     q, k, v = (torch.randn(1, 4, T_long, 64) for _ in range(3))  # (B, H, T, D)
     for pattern, window_size in (("window", WINDOW), ("causal", T_long)):
         block_mask = masks.block_mask(window_in_a_tensor(window_size), T_long, T_long, device="cpu")
         computed, total = computed_blocks(block_mask)
-        timing = time_callable(partial(compiled_flex_attention, q, k, v, block_mask=block_mask), "cpu",
-                               Timing(0.3, 5, 0.05))
-        timed[pattern, T_long] = (computed, total, timing)
+        compiled_flex_attention(q, k, v, block_mask=block_mask)  # compiles for this shape: not timed
+        timer = benchmark.Timer("flex(q, k, v, block_mask=block_mask)",
+                                globals=dict(flex=compiled_flex_attention, q=q, k=k, v=v, block_mask=block_mask))
+        one_call_s = timer.timeit(1).median
+        measurement = timer.blocked_autorange(min_run_time=max(0.3, 6 * one_call_s))  # 6 calls at least: an IQR
+        timed[pattern, T_long] = (computed, total, measurement.median * 1e3, measurement.iqr * 1e3)
 # The window of size T is the causal mask itself:
 assert torch.equal(masks.dense_mask(window_in_a_tensor(512), 512, 512), masks.dense_mask(masks.causal, 512, 512))
 
@@ -272,22 +275,22 @@ first, last = long_lengths[0], long_lengths[-1]
 
 def per_block_us(pattern, T_long):
     """Microseconds of the median call per computed block and head (4 heads)."""
-    computed, _, timing = timed[pattern, T_long]
-    return timing["ms_median"] * 1e3 / (computed * 4)
+    computed, _, ms, _ = timed[pattern, T_long]
+    return ms * 1e3 / (computed * 4)
 
 
 show_table(f"Compiled FlexAttention: sliding window of {WINDOW} keys against causal, blocks of 128, 4 heads",
            ["T", "mask", "blocks computed", "ms per call (IQR)", "µs per block and head"],
            [[T_long, pattern, f"{timed[pattern, T_long][0]} of {timed[pattern, T_long][1]}",
-             f"{timed[pattern, T_long][2]['ms_median']:.1f} ({timed[pattern, T_long][2]['ms_iqr']:.1f})",
+             f"{timed[pattern, T_long][2]:.1f} ({timed[pattern, T_long][3]:.1f})",
              f"{per_block_us(pattern, T_long):.0f}"] for T_long in long_lengths for pattern in ("window", "causal")])
 show_markdown(
     f"From `T = {first}` to `T = {last}` (×{last // first}), the window's blocks grow "
     f"×{timed['window', last][0] / timed['window', first][0]:.1f} "
     f"({timed['window', last][0] / (last // 128):.1f} key blocks per query block at `T = {last}`) and the causal "
     f"mask's ×{timed['causal', last][0] / timed['causal', first][0]:.1f}; the median time per call grows "
-    f"×{timed['window', last][2]['ms_median'] / timed['window', first][2]['ms_median']:.1f} and "
-    f"×{timed['causal', last][2]['ms_median'] / timed['causal', first][2]['ms_median']:.1f}. At `T = {last}` a "
+    f"×{timed['window', last][2] / timed['window', first][2]:.1f} and "
+    f"×{timed['causal', last][2] / timed['causal', first][2]:.1f}. At `T = {last}` a "
     f"computed block costs {per_block_us('window', last):.0f} µs per head with the window and "
     f"{per_block_us('causal', last):.0f} µs with the causal mask.")
 
@@ -307,66 +310,16 @@ show_markdown(
 # paths for four patterns from `T = 128` to 16,384, on the same queries, keys and values: compiled
 # FlexAttention with the pattern's `BlockMask`, and SDPA with the same mask as a dense boolean
 # `(T, T)` tensor. Every row is checked against a float64 reference on query rows spread over the
-# sequence before it is timed. The tables and figure are read from the recorded run.
-
-# %% tags=["hide-input"]
-from attention import report
-
-long_path = report.find_results(report.RESULTS_DIR / "long", device_type="cpu")[0]
-long_run = report.load_result(long_path)
-section = long_run["block_sparse"]
-show_markdown(f"Recorded run `docs/results/long/{long_path.name}`: {long_run['provenance']['device']['name']}, "
-              f"{long_run['dtype']}, recorded {long_run['provenance']['date_utc'][:10]}"
-              + (" with older sources than these (the page still shows it)" if report.is_stale(long_run) else "")
-              + f"; forward, batch {section['batch']}, {section['num_heads']} heads of {section['head_dim']}, "
-              f"`T` = {', '.join(str(t) for t in section['seq_lens'])}. The patterns:\n\n"
-              + "\n".join(f"- `{name}`: {description}" for name, description in section["patterns"].items()))
-show_markdown(report.crossover_table(long_run))
-show(report.plot_block_sparse(long_run),
-     alt="Four panels, one per mask pattern: median time against sequence length for FlexAttention with a "
-         "BlockMask and SDPA with a dense mask, log-log, with the crossover marked")
-
-# %% tags=["hide-input"]
-found = report.crossovers(long_run)
-sentences = []
-for pattern, entry in found.items():
-    where = (f"overtakes the dense mask from `T = {entry['crossover']}`" if entry["crossover"]
-             else "does not overtake the dense mask at any length measured")
-    sentences.append(f"`{pattern}`: FlexAttention {where}; at `T = {entry['longest']}` it computes "
-                     f"{entry['block_share']:.0%} of the blocks for {entry['mask_density']:.0%} of the pairs, and is "
-                     f"{entry['speedup']:.2f} times as fast.")
-show_markdown("\n".join(f"- {sentence}" for sentence in sentences))
-per_block = {pattern: (entry["flex_ms"] / entry["block_share"]) / entry["dense_ms"] for pattern, entry in found.items()}
-show_markdown(
-    f"Had a computed block cost the same in both kernels, the speed-up would be one over the share of blocks "
-    f"computed. It is less: at the longest length, FlexAttention spends "
-    + ", ".join(f"{ratio:.1f} (`{pattern}`)" for pattern, ratio in per_block.items())
-    + " times as long per computed block as the dense kernel spends per block, so on this CPU skipping blocks pays "
-      "only once most of them can be skipped.")
-
-# %% [markdown]
-# A `BlockMask` keeps two kinds of computed blocks: full ones, where every pair attends and the
-# predicate is never called, and partial ones, where it is evaluated for every pair. Counted for
-# each pattern at `T = 4096` (no timing, the recorded patterns rebuilt from `attention.bench.sweeps.block_sparse`):
+# sequence before it is timed. A `BlockMask` keeps two kinds of computed blocks: full ones, where
+# every pair attends and the predicate is never called, and partial ones, where it is evaluated for
+# every pair; the section below counts them for each recorded pattern. For plain causal attention
+# the alternative to weigh is not a dense mask but SDPA's `is_causal=True`, which skips the blocks
+# above the diagonal as well ([SDPA page](../sdpa/)). The recorded run, read by `attention.report.long`:
 
 # %%
-from attention.bench.sweeps.block_sparse import PATTERNS
-
-kinds = {}
-for pattern, (_, build) in PATTERNS.items():
-    block_mask = masks.block_mask(build(4096, "cpu"), 4096, 4096, device="cpu")
-    partial = block_mask.kv_num_blocks.sum().item()  # blocks where mask_mod runs per pair
-    full = block_mask.full_kv_num_blocks.sum().item() if block_mask.full_kv_num_blocks is not None else 0
-    kinds[pattern] = (partial, full)
-
-# %% tags=["hide-input"]
-show_table("Computed blocks at T = 4096, blocks of 128", ["pattern", "partial", "full", "partial share"],
-           [[pattern, partial, full, f"{partial / (partial + full):.0%}"] for pattern, (partial, full) in kinds.items()])
-most = max(kinds, key=lambda pattern: kinds[pattern][0] / sum(kinds[pattern]))
-show_markdown(f"`{most}` has the largest share of partial blocks, "
-              f"{kinds[most][0] / sum(kinds[most]):.0%}; its cost per computed block above is "
-              f"{per_block[most]:.1f} times the dense kernel's"
-              + (", the highest of the four." if per_block[most] == max(per_block.values()) else "."))
+path, long_run = recorded("long")
+show(block_sparse_chart(long_run))
+show_markdown(block_sparse_section(path, long_run))
 
 # %% [markdown]
 # Block sparsity pays in proportion to the blocks it skips, not the pairs it masks, minus what

@@ -23,12 +23,12 @@ import torch
 import torch.nn.functional as F
 from matplotlib.figure import Figure
 
-from attention.causal.gqa import KVCache
+from attention.decoding import KVCache, LatentCache
 from attention.display import show, show_markdown, show_shape, show_table
 from attention.models import MODELS
-from attention.models.deepseek_v3 import (PUBLISHED_CONFIGS, LatentCache, decode_step_bytes, kv_cache_bytes_per_token,
-                                          latent_attention_flops, latent_cache_bytes_per_token, layer_parameters,
-                                          rotate)
+from attention.models.deepseek_v3 import (PUBLISHED_CONFIGS, apply_rotary_interleaved, decode_step_bytes,
+                                          interleaved_cos_sin, kv_cache_bytes_per_token, latent_attention_flops,
+                                          latent_cache_bytes_per_token, layer_parameters)
 from attention.reference import reference_latent_attention
 
 # %% [markdown]
@@ -90,9 +90,9 @@ show_shape("k_rope                        [cached]", k_rope, "(B, 1, T, Dr)")
 
 # %%
 with torch.no_grad():
-    cos, sin = module.rotary_angles(0, T, x)  # (T, Dr/2) each, times YaRN's attention factor
-    q_rope = rotate(q_rope, cos, sin, module.rope_interleave)  # (B, H, T, Dr)
-    k_rope = rotate(k_rope, cos, sin, module.rope_interleave)  # (B, 1, T, Dr)
+    cos, sin = interleaved_cos_sin(module, 0, T, x)  # (T, Dr/2) each, times YaRN's attention factor
+    q_rope = apply_rotary_interleaved(q_rope, cos, sin)  # (B, H, T, Dr): DeepSeek's pairs (2i, 2i + 1)
+    k_rope = apply_rotary_interleaved(k_rope, cos, sin)  # (B, 1, T, Dr)
 positions = torch.arange(T)
 causal_mask = positions[:, None] >= positions[None, :]  # (T, T), True = attend
 show_shape("cos, sin", cos, "(T, Dr/2)")
@@ -241,7 +241,7 @@ show_table("Published configurations (attention fields)", ["model"] + [f.replace
 # the per-head width `d_h` (here `v_head_dim`): `2 n_h d_h` numbers per token and layer for MHA,
 # `2 n_g d_h` for GQA with `n_g` groups (8 here), `2 d_h` for MQA, against `Dc + Dr` for MLA. Bytes in
 # bfloat16 (2 per number), each count checked against a cache allocated at batch 2 and 3 positions
-# (`LatentCache`, and `attention.causal.gqa.KVCache` for the others):
+# (`attention.decoding`'s `LatentCache`, and its `KVCache` for the others):
 
 # %%
 dtype, element_size = torch.bfloat16, 2
@@ -485,7 +485,7 @@ for path, result in mla_runs:
 # `docs/results/prefill/`:
 
 # %% tags=["hide-input"]
-from attention.bench.sweeps import prefill
+from attention.report import prefill
 
 # "favour the naive path at every length": a whole prompt of T tokens (T new tokens over T positions), DeepSeek-V3.
 assert all(latent_attention_flops(v3_config, 2**p, 2**p, "naive") < latent_attention_flops(v3_config, 2**p, 2**p, "absorbed")

@@ -27,7 +27,7 @@ import torch
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
-from attention.causal.gqa import KVCache, SlidingWindowKVCache, grouped_scores, uses_grouped_matmuls
+from attention.decoding import KVCache, SlidingWindowKVCache, grouped_scores, uses_grouped_matmuls
 from attention.display import show, show_markdown, show_source, show_table
 from attention.models import MODELS
 from attention.models.flex import flex_forward
@@ -39,7 +39,7 @@ from attention.models.llama4 import Llama4TextAttention, chunk_mask
 from attention.models.olmo2 import Olmo2Attention
 from attention.models.published import PUBLISHED
 from attention.models.qwen3 import Qwen3Attention
-from attention.reference import reference_kernel, reference_model_attention, rope_inverse_frequencies
+from attention.reference import model_reference_kwargs, reference_kernel, reference_model_attention
 
 torch.manual_seed(0)
 
@@ -179,7 +179,7 @@ show_markdown("**Gemma 2's attention**")
 show_source(softcapped_attention)
 show_markdown("Its scores take each K/V head's query heads as one matrix, so the keys and values are read where the "
               "cache holds them (a matmul broadcasting them over the query heads would copy the cache once per query "
-              "head at every step), through `attention.causal.gqa.grouped_scores`, which the grouped-query layers' "
+              "head at every step), through `attention.decoding.grouped_scores`, which the grouped-query layers' "
               "decode kernel and gpt-oss's attention, below, share:")
 show_source(grouped_scores)
 
@@ -236,7 +236,7 @@ show_source(inspect.getmodule(LlamaAttention).rope_frequencies)
 #
 # A sliding layer's query at position `i` sees keys `i - window < j <= i`: the last `window` keys, itself
 # included, as transformers' masks do (`kv_idx > q_idx - sliding_window`). Its cache keeps exactly those:
-# `new_cache` returns the ring buffer of `attention/causal/gqa.py`, `SlidingWindowKVCache`, whatever the
+# `new_cache` returns the ring buffer of `attention/decoding/`, `SlidingWindowKVCache`, whatever the
 # capacity asked for, so a local layer's memory stops growing at the window. (Llama 4's chunked layers
 # keep the same ring, one chunk long, and mask it to the current chunk.)
 
@@ -248,8 +248,10 @@ show_source(inspect.getmodule(LlamaAttention).make_cache)
 # ## Checked against the float64 reference
 #
 # `attention.reference.reference_model_attention` is the float64 layer written from the papers:
-# project, normalise, rotate (`rope_inverse_frequencies`, `apply_rotary`), mask (causal, window),
-# attend (`reference_kernel`, with scale, soft-cap and sinks), project back. Each published model is
+# project, normalise, rotate (`rope_frequencies`, `reference_rope`), mask (causal, window),
+# attend (`reference_kernel`, with scale, soft-cap and sinks), project back; what it needs to know of a
+# layer (scale, window, RoPE, norms...) it reads from the model's configuration (`model_reference_kwargs`),
+# never from the layer, so a layer that reads its configuration wrongly differs from it. Each published model is
 # shrunk here to 64 features in heads of 16 (its ratio of query heads to K/V heads, its schedule, its RoPE
 # and norms kept; windows shortened to 8 keys so that 24 tokens run past them), its weights drawn at
 # random, then one layer of each kind is compared, in float64 and float32; decoding with the layer's cache
@@ -284,22 +286,10 @@ def randomised(module):
     return module
 
 
-def reference_of(module, x):
-    """`reference_model_attention` of `module` on `x`, its keywords read off the layer's attributes."""
-    q_norm = getattr(module, "q_norm", None)
-    parameters = module.rope_parameters
-    temperature = None
-    if getattr(module, "attn_temperature_tuning", False):  # Llama 4's NoPE layers: queries sharpen with the position
-        positions = torch.arange(x.shape[1], dtype=torch.float64)
-        temperature = torch.log1p(torch.floor((positions + 1) / module.floor_scale)) * module.attn_scale + 1
-    return reference_model_attention(
-        x, module.state_dict(), head_dim=module.head_dim, scale=module.scaling,
-        rope=None if parameters is None else rope_inverse_frequencies(module.head_dim, parameters["rope_theta"], parameters),
-        interleaved=isinstance(module, Llama4TextAttention), qk_norm=module.qk_norm,
-        norm_eps=getattr(q_norm, "variance_epsilon", getattr(q_norm, "eps", getattr(module, "norm_eps", None))),
-        norm_offset=1.0 if isinstance(q_norm, Gemma3RMSNorm) else 0.0, window=module.sliding_window,
-        chunk=getattr(module, "attention_chunk_size", None), softcap=getattr(module, "attn_logit_softcapping", None),
-        query_temperature=temperature)
+def reference_of(config, layer_idx, module, x):
+    """`reference_model_attention` of layer `layer_idx` of `config` on `x`, with `module`'s weights."""
+    settings = model_reference_kwargs(config, layer_idx, torch.arange(x.shape[1]), type(module))
+    return reference_model_attention(x, module.state_dict(), **settings)
 
 
 # %% tags=["hide-input"]
@@ -334,7 +324,7 @@ for name, entry in PUBLISHED.items():
     for layer_type, layer_idx in kinds.items():
         module = randomised(MODELS[config["model_type"]].from_config(config, layer_idx))
         x = torch.randn(2, T_CHECK, 64, dtype=torch.float64)
-        expected, _ = reference_of(module, x)
+        expected, _ = reference_of(config, layer_idx, module, x)
         with torch.no_grad():
             error64 = (module(x) - expected).abs().max().item()
             kernel = kernel_seen(lambda: module(x))
@@ -380,7 +370,7 @@ for name, layer_type in (("Gemma 2 9B", "sliding_attention"), ("Gemma 2 9B", "fu
     layer_idx = next(i for i, layer in enumerate(layers_of(config)) if layer.layer_type == layer_type)
     module = randomised(MODELS[config["model_type"]].from_config(config, layer_idx)).to(torch.float32)
     x = torch.randn(2, 256, 64)
-    expected, _ = reference_of(module, x)
+    expected, _ = reference_of(config, layer_idx, module, x)
     with torch.no_grad():
         out = flex_forward(module, x)
         kernel = kernel_seen(lambda: flex_forward(module, x))
@@ -623,7 +613,7 @@ for path, result in layer_runs:
                   f"{PUBLISHED['gpt-oss-120b']['config']['sliding_window']:,}; Llama 4's chunks "
                   f"{PUBLISHED['Llama 4 Scout']['config']['attention_chunk_size']:,}), the fastest "
                   "kernel per layer (the layers on SDPA run two: `sdpa`, and `matmul`, the grouped matmuls of "
-                  "`attention.causal.gqa.cached_attention`; Gemma 2's and gpt-oss's run their written-out softmax, "
+                  "`attention.decoding.cached_attention`; Gemma 2's and gpt-oss's run their written-out softmax, "
                   "`matmul`, which the soft-cap and the sinks need); each cell: tokens per second and the share of "
                   f"{report.share_words(result)}."
                   "\n\n"
@@ -637,6 +627,7 @@ for path, result in layer_runs:
             f"{row['positions_read']:,} positions, {row[report.shown_share(result)]:.0%} of {report.share_words(result)})"
             for model, row in measured.items()) + ".")
     two_kernels = []  # the layers on SDPA, which run both kernels
+    default_kernel = inspect.signature(LlamaAttention).parameters["decode_kernel"].default
     for model in LAYER_ROWS:
         sdpa, matmul = (report.decode_rows(result, 1, model, kernel, 16384) for kernel in ("sdpa", "matmul"))
         if sdpa and matmul:
@@ -648,8 +639,8 @@ for path, result in layer_runs:
                       "SDPA's CPU kernel takes one query head at a time and so reads each K/V head once per query head "
                       "of its group; the grouped matmuls read it once for the group ([KV cache and "
                       "decoding](../kv_cache/)). "
-                      f"`decode_kernel=\"{LlamaAttention.decode_kernel}\"`, the layers' default, takes "
-                      f"`{'matmul' if uses_grouped_matmuls(LlamaAttention.decode_kernel, torch.device('cpu'), 1) else 'sdpa'}` "
+                      f"`decode_kernel=\"{default_kernel}\"`, `from_config`'s default, takes "
+                      f"`{'matmul' if uses_grouped_matmuls(default_kernel, torch.device('cpu'), 1) else 'sdpa'}` "
                       "for one new token on CPU.")
     local, full = at_16k["gpt-oss-local"], at_16k["gpt-oss-global"]
     if local and full:

@@ -32,10 +32,11 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attention import IMPLEMENTATIONS, prose
-from attention import report
+from attention.causal.tiled import tiled_attention
 from attention.display import show, show_markdown, show_table
 from attention.plotting import plot_heatmaps
 from attention.reference import kv_heads_state, reference_causal_self_attention
+from attention.report.long import memory_section, recorded
 
 torch.manual_seed(0)
 C, H = 64, 4
@@ -86,12 +87,14 @@ for note in notes:
 # reference with its position encoding): 1.0 means it lands on the correctly rounded result's
 # error; 2.0, twice as far.
 
-# %% tags=["hide-input"]
+# %%
 names = list(IMPLEMENTATIONS)
 ratios = {dtype_name: [[by_implementation[name][i] / floor[dtype_name][T, IMPLEMENTATIONS[name].position_encoding,
                                                                          kv_heads_of[name]]
                         if name in by_implementation else math.nan for i, T in enumerate(LENGTHS)] for name in names]
-          for dtype_name, by_implementation in errors.items()}
+          for dtype_name, by_implementation in errors.items()}  # ratios[dtype name][class index][length index]
+
+# %% tags=["hide-input"]
 measured = [value for table in ratios.values() for row in table for value in row if not math.isnan(value)]
 smallest, largest = min(measured), max(measured)
 fig = plot_heatmaps({f"{dtype_name} forward": table for dtype_name, table in ratios.items()}, names, LENGTHS,
@@ -176,39 +179,16 @@ show_markdown(
 # %% [markdown]
 # ## Memory against sequence length
 #
-# Peak memory of one forward call for `T` = 128 to 4096, read from a recorded benchmark run (the
-# [Benchmarks page](../../benchmarks/) charts it with time; `peak_memory_bytes` is defined on the
-# [schema page](../../benchmark-schema/#memory)). Classes that build the `(T, T)` scores of every
+# Peak memory of one forward call against `T` for five classes, read from the newest recorded
+# float32 CPU run of the benchmark (the [Benchmarks page](../../benchmarks/) has every class, with
+# time; `peak_memory_bytes` is defined on the [schema page](../../benchmark-schema/#memory)).
+# Classes that build the `(T, T)` scores of every
 # head at once grow like `T²`. A fused kernel's own work needs memory in proportion to `T`; a dense
 # `(T, T)` mask handed to it, as `sdpa_mask` does, still grows like `T²`.
 
 # %%
-recorded = report.load_result(report.RESULTS_DIR / "cpu-intel-xeon-2c-float32.json")
-config = recorded["config"]
-sweep = [row for row in report.sweep_rows(recorded, "forward") if row["status"] == "ok" and row["peak_memory_bytes"]]
-memory = {(row["label"], row["seq_len"]): row["peak_memory_bytes"] for row in sweep}
-backends = {(row["label"], row["seq_len"]): ", ".join(row["sdpa_backends"] or ["n/a"]) for row in sweep}
-print(f"{recorded['provenance']['device']['name']}, {recorded['dtype']}, recorded {recorded['provenance']['date_utc']}; "
-      f"B={config['sweep_batch']}, d_model={config['d_model']}, {config['num_heads']} heads"
-      + (" (the sources have changed since: a stale run)" if report.is_stale(recorded) else ""))
-
-# %% tags=["hide-input"]
-show_markdown(report.sweep_table(recorded, "forward", "peak_memory_bytes"))
-T_max = max(T for _, T in memory)
-naive, fused = memory.get(("split_heads", T_max)), memory.get(("sdpa_causal", T_max))
-if naive and fused:
-    heads = config["num_heads"]
-    score_bytes = heads * T_max * T_max * torch.finfo(getattr(torch, recorded["dtype"])).bits // 8
-    half_naive, half_fused = memory.get(("split_heads", T_max // 2)), memory.get(("sdpa_causal", T_max // 2))
-    show_markdown(
-        f"This run measured, at `T = {T_max}`: {naive / 1e9:.2f} GB ({naive / 2**30:.2f} GiB) for "
-        f"`split_heads`, which holds the `({heads}, T, T)` scores of all heads at once, and {fused / 1e9:.3f} GB "
-        f"({fused / 2**20:.0f} MiB) for `sdpa_causal` (SDPA backend in this run: "
-        f"{backends['sdpa_causal', T_max]}), which works through blocks of keys: {naive / fused:.0f} times less. "
-        f"One `({heads}, {T_max}, {T_max})` {recorded['dtype']} tensor is {score_bytes / 1e9:.2f} GB, so "
-        f"`split_heads` peaks at {naive / score_bytes:.1f} such tensors: each step from scores to weights makes a new "
-        f"one while the previous one is still alive. From `T = {T_max // 2}` to `{T_max}`, `split_heads` grew "
-        f"×{naive / half_naive:.1f} (`T²` would be ×4) and `sdpa_causal` ×{fused / half_fused:.1f} (`T`: ×2).")
+path, recorded_run = recorded("")
+show_markdown(memory_section(path, recorded_run))
 
 # %% [markdown]
 # ## float16: overflowing scores
@@ -356,8 +336,8 @@ if largest_name == "`rope`":
         rope_rows[label] = (out.double() - exact_out).abs()[0, :, largest_position].max().item()
 
 # %% tags=["hide-input"]
-show_table(f"float16, the position of each class's largest error, and the smallest gap between the two largest exact "
-           f"scores of that query (over the heads), in scaled-score units", ["implementation", "position", "max |error|",
+show_table("float16, the position of each class's largest error, and the smallest gap between the two largest exact "
+           "scores of that query (over the heads), in scaled-score units", ["implementation", "position", "max |error|",
            "gap between its two largest scores"], rows)
 show_markdown(
     f"Rounding the queries and keys to float16 moves a scaled score by up to {rounding:.1f} units here. "
@@ -366,7 +346,7 @@ show_markdown(
     + (f", less than that rounding: the row's weight can go to either key, and the output with it. The other "
        f"classes' largest errors are {min(others):.2f} to {max(others):.2f}. So the outlier is a near tie in one row, "
        "not a rounding spread over the output, and not a bug: with other inputs another row, or no row, would stand out."
-       if near_tie else f", more than that rounding: a near tie does not explain it."))
+       if near_tie else ", more than that rounding: a near tie does not explain it."))
 if largest_name == "`rope`":
     show_table(f"`rope` at position {largest_position}, the attention alone (before the output projection): three "
                "ways of rounding its queries and keys, max |error| in that row", ["queries and keys", "max |error|"],
@@ -386,8 +366,10 @@ if largest_name == "`rope`":
 # Where length does matter is the softmax's denominator: a sum of `T` terms of at most 1 each. A
 # hand-written softmax that keeps that sum in float16 overflows once it passes the largest finite
 # float16, here with equal scores over 70,000 keys, and every weight becomes 0. `torch.softmax`,
-# SDPA and FlexAttention's CPU kernel keep that sum in float32 (checked below for the first two),
-# so the implementations on this site, which all use one of them, are safe from it.
+# SDPA and FlexAttention's CPU kernel keep that sum in float32 (checked below for the first two).
+# Every implementation on this site uses one of them, except `tiled`, which keeps its own running
+# sum, and keeps it in float32 at least (`acc_dtype` in `attention/causal/tiled.py`, checked last):
+# none of them is exposed to it.
 
 # %%
 long_scores = torch.zeros(70_000, dtype=torch.float16)  # one query's equal scores over 70,000 keys
@@ -398,4 +380,7 @@ print(f"torch.softmax in float16: the weights sum to {torch.softmax(long_scores,
 values = torch.randn(1, 1, 70_000, 16).half()  # (B, H, Tk, D)
 out = F.scaled_dot_product_attention(torch.zeros(1, 1, 1, 16).half(), torch.zeros(1, 1, 70_000, 16).half(), values)
 print(f"SDPA in float16, one query, equal scores: max |out - mean of the values| = "
+      f"{(out.double() - values.double().mean(dim=2, keepdim=True)).abs().max().item():.1e}")
+out = tiled_attention(torch.zeros(1, 1, 1, 16).half(), torch.zeros(1, 1, 70_000, 16).half(), values, causal=False)
+print(f"tiled in float16, the same query: max |out - mean of the values| = "
       f"{(out.double() - values.double().mean(dim=2, keepdim=True)).abs().max().item():.1e}")

@@ -287,7 +287,8 @@ for name in ("rope", "alibi", "alibi_flex"):
 # large slope look at the last few tokens, heads with a small slope spread out. The slopes differ by
 # factors of 2, so the weights they leave far from the diagonal differ by orders of magnitude: the
 # colours are on a log scale, which keeps those heads apart (on a linear scale every head past the
-# first two looks the same, near black away from the diagonal).
+# first two looks the same, near black away from the diagonal). The masked future is grey, apart
+# from the smallest weights, which are black.
 
 # %% tags=["hide-input"]
 slopes = alibi_slopes(8).tolist()

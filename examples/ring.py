@@ -1,15 +1,18 @@
 # %% [markdown]
 # # Context-parallel (ring) attention
 #
-# A sequence too long for one device is split along its length: each of P processes (GPUs, in practice)
+# A sequence too long for one device is split along its length
+# ([context parallelism](../../glossary/#context-parallelism)): each of P processes (GPUs, in practice)
 # holds a shard of the queries, keys and values and computes attention for its own queries. Those
 # queries need every key, so the key/value blocks travel around a ring of processes, and each process
 # merges the partial results as they arrive with the online softmax of the
-# [tiled page](../tiled/) (Liu et al., [Ring Attention](https://arxiv.org/abs/2310.01889)). This page
-# shows the ring step by step, why causal attention needs a different split (zig-zag), the merge, the
-# backward pass, and then runs it on 2 and 4 processes of this machine and checks the result against
-# one process's float64 attention on the whole sequence. It assumes the [tiled](../tiled/) page (the
-# online softmax) and the [grouped-query](../gqa/) page (fewer key/value heads).
+# [tiled page](../tiled/) (Liu et al., 2023, "Ring Attention with Blockwise Transformers",
+# <https://arxiv.org/abs/2310.01889>). This page shows the ring step by step, why causal attention
+# needs a different split (zig-zag), the merge, the backward pass, and then runs it on 2 and 4
+# processes of this machine and checks the result against one process's float64 attention on the
+# whole sequence; what it costs per process comes from a recorded benchmark run. It assumes the
+# [tiled](../tiled/) page (the online softmax) and the [grouped-query](../gqa/) page (fewer
+# key/value heads).
 #
 # `ring_attention` (`attention/distributed/ring.py`) is one torch-only file; it runs on any
 # `torch.distributed` backend with point-to-point operations: gloo on CPUs here, NCCL on GPUs.
@@ -17,23 +20,16 @@
 # API reference: [`attention.distributed.ring`](../../api/ring/).
 
 # %%
-import os
-
 import torch
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
 
-import attention.distributed.__main__ as cli
 import attention.distributed.ring as ring
-from attention.report import prose
-from attention.bench import core
-from attention import report
-from attention.bench.sweeps import ring as ring_sweep
 from attention.display import show, show_markdown, show_source, show_table
-from attention.bench.sweeps.ring import measure_here
 from attention.distributed import accounting, check, launch
 from attention.reference import reference_kernel
+from attention.report.long import recorded
+from attention.report.ring import page, plot_ring
 
 # %% [markdown]
 # ## Sharding the sequence
@@ -72,37 +68,13 @@ print(f"shards {[tuple(s.shape) for s in shards]}; joined back equals x: "
 # it holds, and meanwhile sends that block to rank `r + 1` and receives the next one from rank `r - 1`
 # (the send is posted before the compute, so the transfer overlaps it). After P steps every rank has
 # seen every block once; it never holds more than two (the one it computes with and the one arriving).
-
-# %% tags=["hide-input"]
-P = 4
-fig = Figure(figsize=(6.6, 3.6), layout="constrained")
-ax = fig.subplots()
-arrow = dict(arrowstyle="->", color="0.4", lw=1)
-for step in range(P):
-    for rank in range(P):
-        source = (rank - step) % P
-        ax.add_patch(Rectangle((rank - 0.4, step - 0.3), 0.8, 0.6, color=f"C{source}", alpha=0.8))
-        ax.text(rank, step, f"K/V {source}", ha="center", va="center", fontsize=10, color="white", weight="bold")
-        if step < P - 1 and rank < P - 1:  # the block goes on to the next rank for the next step
-            ax.annotate("", xy=(rank + 0.62, step + 0.7), xytext=(rank + 0.38, step + 0.3), arrowprops=arrow)
-    if step < P - 1:  # the last rank's block wraps around to rank 0
-        ax.annotate("", xy=(P - 0.45, step + 0.55), xytext=(P - 0.62, step + 0.3), arrowprops=arrow)
-        ax.annotate("", xy=(-0.38, step + 0.7), xytext=(-0.55, step + 0.45), arrowprops=arrow)
-ax.set_xlim(-0.6, P - 0.4)
-ax.set_ylim(P - 0.5, -0.5)
-ax.set_xticks(range(P), [f"rank {rank}" for rank in range(P)])
-ax.set_yticks(range(P), [f"step {step}" for step in range(P)])
-ax.set_xlabel("process (each keeps its own queries throughout)")
-ax.set_ylabel("ring step")
-ax.set_title(f"Which key/value block each rank holds, P = {P}:\neach block moves on to the next rank at every step "
-             f"(rank {P - 1}'s to rank 0)", fontsize=9)
-show(fig, alt="A 4 by 4 grid: at step s, rank r holds the key/value block of rank (r - s) mod 4; arrows show "
-              "each block passing to the next rank")
-
-# %% [markdown]
+#
+# ![Four ranks in a ring, each keeping its queries and passing its key/value block to the next rank;
+# beside it, the block each rank holds at each step, (r - s) mod P](../../diagrams/ring.svg)
+#
 # The exchange is one call to `torch.distributed.batch_isend_irecv` per step, the same on every rank:
 
-# %% tags=["hide-input"]
+# %%
 show_source(ring._exchange)
 
 # %% [markdown]
@@ -115,7 +87,7 @@ show_source(ring._exchange)
 # a marked copy (`# Same as attention/causal/tiled.py::_online_softmax_update`, kept identical by a
 # test), so the ring is the tiled loop with key tiles that come from other processes:
 
-# %% tags=["hide-input"]
+# %%
 show_source(ring._online_softmax_update)
 
 # %% [markdown]
@@ -179,40 +151,26 @@ show(fig, alt="Two causal score matrices colored by the rank that owns each quer
 # %% [markdown]
 # The ring computes whole tiles: a pair of (query chunk, key chunk) is skipped when every key comes after
 # every query, computed in full when every key comes before, and masked inside on the diagonal.
-# `ring.chunk_pairs` lists the pairs each step computes; `accounting.ring_work` counts their score entries,
-# per rank and step, from the same function the ring runs:
+# `ring.chunk_pairs` lists the pairs each step computes; `accounting.ring_work` counts their score entries
+# (the masked half of a diagonal tile included: it is computed, then discarded), per rank and step, from
+# the same function the ring runs. Every step waits for its busiest rank, so the ring's time follows the
+# sum over steps of the largest entry of each step:
 
-# %% tags=["hide-input"]
+# %%
 P, T = 4, 4096
-fig = Figure(figsize=(7.2, 3.2), layout="constrained")
-axes = fig.subplots(1, 2, sharey=True)
-work = {layout: accounting.ring_work(P, T, layout) for layout in ring.LAYOUTS}
-for ax, layout in zip(axes, ring.LAYOUTS):
-    bottom = [0.0] * P
-    for step in range(P):
-        heights = [work[layout][rank][step] / 1e6 for rank in range(P)]
-        ax.bar(range(P), heights, bottom=bottom, color=f"C{step}", alpha=0.8, label=f"step {step}")
-        bottom = [b + h for b, h in zip(bottom, heights)]
-    ax.set_xticks(range(P), [f"rank {rank}" for rank in range(P)])
-    ax.set_title(layout, fontsize=9)
-    ax.set_xlabel("process")
-axes[0].set_ylabel("score entries computed (millions, per head)")
-axes[1].legend(fontsize=8)
-fig.suptitle(f"Causal work per rank, T = {T}, P = {P}", fontsize=10)
-show(fig, alt="Stacked bars of work per rank and step: contiguous grows from rank 0 to rank 3, zig-zag is equal "
-              "on every rank")
+for layout in ring.LAYOUTS:
+    work = accounting.ring_work(P, T, layout)  # [rank][step]: score entries per batch element and head
+    per_rank = [sum(steps) / 1e6 for steps in work]
+    busiest = sum(max(work[rank][step] for rank in range(P)) for step in range(P)) / 1e6
+    print(f"{layout:<10} millions of entries per rank: {', '.join(f'{m:.1f}' for m in per_rank)}; the steps' "
+          f"busiest ranks: {busiest:.1f} in all, against {sum(per_rank) / P:.1f} of average work per rank")
+    assert (busiest == per_rank[-1] if layout == "contiguous"  # the last rank is every step's busiest
+            else len(set(per_rank)) == 1 and busiest == per_rank[0]), "the text below says so"
 
-# %% tags=["hide-input"]
-totals = {layout: [sum(row) for row in work[layout]] for layout in ring.LAYOUTS}
-per_step = {layout: [max(work[layout][rank][step] for rank in range(P)) for step in range(P)] for layout in ring.LAYOUTS}
-show_markdown(
-    f"With the contiguous split the last rank computes {totals['contiguous'][-1] / totals['contiguous'][0]:.0f} "
-    f"times as many score entries as the first, and since every step waits for its busiest rank, the ring's "
-    f"steps cost {sum(per_step['contiguous']) / 1e6:.1f} M entries in all against "
-    f"{sum(totals['contiguous']) / P / 1e6:.1f} M of average work per rank. With the zig-zag split every rank "
-    f"computes {totals['zigzag'][0] / 1e6:.1f} M ({'equal on all ranks' if len(set(totals['zigzag'])) == 1 else 'unequal'}), "
-    f"and the steps cost {sum(per_step['zigzag']) / 1e6:.1f} M in all. (Whole tiles are counted: the masked "
-    f"half of a diagonal tile is computed, then discarded.)")
+# %% [markdown]
+# With the contiguous split the last rank does several times the first rank's work and the ring waits
+# for it at every step; with the zig-zag split every rank does the same work, and the steps cost no
+# more than the average.
 
 # %% [markdown]
 # ## The backward pass runs the ring again
@@ -275,113 +233,35 @@ show_markdown(
 # %% [markdown]
 # ## What it costs: memory per process and bytes on the wire
 #
-# `measure_ring` (the benchmark's ring sweep, `attention/bench/sweeps/ring.py`) runs on every rank of a group and returns, per rank, the time of a call (the
-# slowest rank's), its peak tensor memory (beyond the inputs it holds) and the bytes it sent, counted
-# where they are handed to `batch_isend_irecv`, beside what the ring should send, computed from the
-# shapes: one key/value block per step, `2 · B · H_kv · (T / P) · D` elements. Here for one fixed
-# sequence on 1, 2 and 4 processes:
+# The benchmark's ring profile (`attention/bench/sweeps/ring.py`) runs the ring on a few counts of
+# local processes for one fixed sequence and records, per process, the time of a call (the slowest
+# process's), its peak tensor memory (beyond the inputs it holds) and the bytes it sent, counted where
+# they are handed to `batch_isend_irecv` (`accounting.count_sent_bytes`), beside what the ring should
+# send, computed from the shapes alone: one key/value block per step, `2 · B · H_kv · (T / P) · D`
+# elements, and in the backward pass the blocks again with their gradients. For 4 processes sharing
+# a sequence of 2,048 positions (2 key/value heads of 64, float32):
 
 # %%
-fixed = dict(batch=1, num_heads=8, num_kv_heads=2, seq_len=512, head_dim=64, repeats=1)
-configs = [dict(fixed, world_size=P) for P in (1, 2, 4)]
-per_rank = launch.run_on_processes(measure_here, 4, configs)
-measured = per_rank[0]  # rank 0's dicts: it belongs to one group of each size
-
-# %% tags=["hide-input"]
-MiB = 2**20
-rows = []
-for m in measured:
-    forward, both = m["forward"], m["forward_backward"]
-    step_bytes = forward["expected_sent_bytes"][0] if forward["expected_sent_bytes"] else 0
-    rows.append([m["world_size"], m["local_len"], f"{m['shard_bytes'] / MiB:.2f}", f"{forward['peak_bytes'] / MiB:.1f}",
-                 f"{both['peak_bytes'] / MiB:.1f}", f"{step_bytes / 2**10:.0f}",
-                 "yes" if forward["sent_bytes"] == forward["expected_sent_bytes"]
-                 and both["sent_bytes"] == both["expected_sent_bytes"] else "NO",
-                 f"{sum(forward['sent_bytes']) / 2**10:.0f}"])
-show_table(f"One sequence of T = {fixed['seq_len']} (B = 1, H = 8, H_kv = 2, D = 64, float32, causal, zig-zag), "
-           "per process", ["P", "T / P", "shard q, k, v, dO (MiB)", "forward peak (MiB)", "forward + backward peak (MiB)",
-                           "sent per step (KiB)", "counted = computed", "sent per forward (KiB)"], rows)
-
-# %% tags=["hide-input"]
-fig = Figure(figsize=(5.6, 3.3), layout="constrained")
-ax = fig.subplots()
-world_sizes = [m["world_size"] for m in measured]
-for mode, marker in (("forward", "o"), ("forward_backward", "s")):
-    ax.plot(world_sizes, [(m[mode]["peak_bytes"] + m["shard_bytes"]) / MiB for m in measured], marker=marker,
-            label=mode.replace("_", " + "))
-ax.set_xscale("log", base=2)
-ax.set_yscale("log", base=2)
-ax.set_xticks(world_sizes, [str(p) for p in world_sizes])
-ax.set_xlabel("processes P (sequence length fixed)")
-ax.set_ylabel("shard + call's peak, per process (MiB)")
-ax.set_title(f"Tensor memory per process, T = {fixed['seq_len']}, measured at build time", fontsize=9)
-ax.legend(fontsize=8)
-show(fig, alt="Memory per process against the number of processes, log-log: it falls as processes are added")
-
-# %% tags=["hide-input"]
-first, last = measured[0], measured[-1]
-sent_total = sum(last["forward"]["sent_bytes"])
-backward_ratio = (sum(last["forward_backward"]["sent_bytes"]) - sent_total) / sent_total
-peak_ratio = first["forward"]["peak_bytes"] / last["forward"]["peak_bytes"]
-kv_whole = 2 * fixed["batch"] * fixed["num_kv_heads"] * fixed["seq_len"] * fixed["head_dim"] * 4
-show_markdown(
-    f"From 1 to {last['world_size']} processes, the forward call's peak per process falls from "
-    f"{first['forward']['peak_bytes'] / MiB:.1f} MiB to {last['forward']['peak_bytes'] / MiB:.1f} MiB "
-    f"({peak_ratio:.0f} times less)"
-    + (f", more than the {last['world_size']} times of the shards: a score tile is one chunk by one chunk, "
-       f"`(T / 2P)²` entries" if peak_ratio > last["world_size"] else "")
-    + f". Each rank sends {sent_total / 2**10:.0f} KiB per forward call on {last['world_size']} processes, "
-    f"{sent_total / kv_whole:.2f} of the whole sequence's keys and values (`(P - 1) / P`): every block visits "
-    f"every other rank once. The backward pass sends {backward_ratio:.1f} times the forward's bytes: the blocks "
-    f"again, and at every step their gradients (in float32 at least). The counted bytes equal the computed "
-    f"ones on every rank.\n\n"
-    f"Time is not shown: on one machine the processes share its CPU cores ({os.cpu_count()} here), so their "
-    f"timings show how the cores are shared, not what the ring gains with one device per process. There, "
-    f"the transfers hide behind the compute as long as a step's compute, which grows like `(T / P)²`, outlasts "
-    f"sending one block, which grows like `T / P`.")
+expected = accounting.expected_sent_bytes(batch=1, num_kv_heads=2, local_len=512, head_dim=64, dtype=torch.float32,
+                                          world_size=4)
+for mode, sends in expected.items():
+    print(f"{mode:<17} KiB sent at each exchange: {[size // 2**10 for size in sends]}, {sum(sends) // 2**10} in all")
 
 # %% [markdown]
-# ### Recorded run
-#
-# The benchmark's ring profile runs the same measurement on a longer sequence, each call checked against
-# the float64 reference on the whole sequence, and records it with its provenance (the machine, the
-# versions, the commit, the command); the [Benchmarks](../../benchmarks/#context-parallel-ring-attention)
-# page shows every recorded run:
+# Each call of the recorded run is checked against the float64 reference on the whole sequence, and the
+# file keeps its provenance (the machine, the versions, the commit, the command). It was made with
 #
 # ```bash
 # python -m attention.bench --profile ring --device cpu --out docs/results/ring/cpu-ring-float32.json
 # ```
+#
+# and read here by `attention.report.ring`; the [Benchmarks](../../benchmarks/#context-parallel-ring-attention)
+# page shows every recorded run:
 
-# %% tags=["hide-input"]
-ring_runs = report.find_results(report.RESULTS_DIR / "ring")
-if ring_runs:
-    recorded = report.load_result(ring_runs[0])
-    by_size = ring_sweep.ring_rows(recorded)
-    fewest, most = by_size[min(by_size)]["forward_backward"], by_size[max(by_size)]["forward_backward"]
-    recorded_rows = [row for pair in by_size.values() for row in pair.values()]
-    load, cores = recorded["provenance"]["load_average_start"], recorded["provenance"]["device"]["cpu_count"]
-    busy = (f" Other work ran beside this run (load average {load[0]:.1f} at its start, on {cores} cores): each "
-            "time includes the share of a busy machine its processes got, and more processes get a larger share."
-            if load and load[0] > cores else "")
-    show_markdown(f"{prose.file_label(f'docs/results/ring/{ring_runs[0].name}', report.is_stale(recorded))}: "
-                  f"{recorded['provenance']['device']['name']}, {recorded['provenance']['device']['cpu_count']} cores, "
-                  f"{recorded['dtype']}, recorded {recorded['provenance']['date_utc'][:10]}; "
-                  f"{ring_sweep.sizes_text(recorded['ring'])}. Times are the slowest process's medians, with the "
-                  "whole ring's TFLOP/s and its share of a matmul's rate on the same machine:\n\n"
-                  + ring_sweep.ring_table(recorded))
-    show(ring_sweep.plot_ring(recorded), alt="Memory per process and time per call against the number of processes, "
-                                            "from the recorded run")
-    show_markdown(
-        f"In this run, the forward + backward call's peak per process falls from "
-        f"{report.mebibytes(fewest['peak_memory_bytes'])} MiB on {fewest['world_size']} "
-        f"{'process' if fewest['world_size'] == 1 else 'processes'} to "
-        f"{report.mebibytes(most['peak_memory_bytes'])} MiB on {most['world_size']}, beside shards of "
-        f"{report.mebibytes(fewest['shard_bytes'])} and {report.mebibytes(most['shard_bytes'])} MiB; every call "
-        f"matched the reference: {'yes' if all(map(core.usable, recorded_rows)) else 'NO'} (largest "
-        f"difference {max(row['max_abs_error'] or 0.0 for row in recorded_rows):.1e}). "
-        + ring_sweep.bytes_note(recorded) + " " + ring_sweep.cores_note(recorded) + busy)
-else:
-    show_markdown("No run of the ring profile is recorded in `docs/results/ring/` yet: the command above records one.")
+# %%
+path, ring_run = recorded("ring")
+show(plot_ring(ring_run))
+show_markdown(page(ring_run, images={}, path=path))
 
 # %% [markdown]
 # ## PyTorch's engine: context_parallel
@@ -430,12 +310,11 @@ print("context_parallel on CPU:", "ran" if probe["error"] is None else probe["er
 # its shard, runs forward and backward, and rank 0 prints the largest difference from the float64
 # reference on the whole sequence. `--engine context_parallel` runs PyTorch's path instead (GPUs only,
 # `--kv-heads` equal to `--heads`), and `--measure` adds `measure_ring`'s dict. On one machine with 4 GPUs:
-
-# %% tags=["hide-input"]
-show_markdown("""```bash
-torchrun --nproc-per-node 4 -m attention.distributed --seq-len 32768 --heads 16 --kv-heads 4 --dtype bfloat16 --measure
-torchrun --nproc-per-node 4 -m attention.distributed --seq-len 32768 --heads 16 --kv-heads 16 --dtype bfloat16 --engine context_parallel
-```""")
+#
+# ```bash
+# torchrun --nproc-per-node 4 -m attention.distributed --seq-len 32768 --heads 16 --kv-heads 4 --dtype bfloat16 --measure
+# torchrun --nproc-per-node 4 -m attention.distributed --seq-len 32768 --heads 16 --kv-heads 16 --dtype bfloat16 --engine context_parallel
+# ```
 
 # %% [markdown]
 # **What listens on the network.** `torchrun` serves its rendezvous store on every interface of the
@@ -446,21 +325,20 @@ torchrun --nproc-per-node 4 -m attention.distributed --seq-len 32768 --heads 16 
 # every rank runs on this machine; `launch.run_on_processes`, used above, listens on nothing else. To keep
 # a one-machine `torchrun` off the network, run it in a network namespace of its own whose only
 # interface is loopback (Linux; checked on CPUs with gloo, not yet with NCCL on GPUs):
+#
+# ```bash
+# unshare --user --map-root-user --net sh -c 'ip link set lo up && torchrun --nproc-per-node 4 -m attention.distributed'
+# ```
+#
+# What each process runs, in the check's own code (the `torchrun` entry point makes the same calls): its
+# shard of each input, the ring forward and backward, and its shards of the output and gradients. In a
+# training script the same three calls (`shard_sequence`, `ring_attention`, `backward`) replace the
+# attention call, on token ids sharded before the model. Padded positions give a zero output and pass no
+# gradient, so a loss over the whole shard needs no mask for them (the check gives them a random output
+# gradient to prove it):
 
-# %% tags=["hide-input"]
-show_markdown("""```bash
-unshare --user --map-root-user --net sh -c 'ip link set lo up && torchrun --nproc-per-node 4 -m attention.distributed'
-```""")
-
-# %% [markdown]
-# What each process runs, in the entry point's own code: its shard of each input, the ring forward and
-# backward, and the shards of the output and gradients gathered on every rank. In a training script the
-# same three calls (`shard_sequence`, `ring_attention`, `backward`) replace the attention call, on token
-# ids sharded before the model. Padded positions give a zero output and pass no gradient, so a loss over
-# the whole shard needs no mask for them:
-
-# %% tags=["hide-input"]
-show_source(cli._ring)
+# %%
+show_source(check.run_case)
 
 # %% [markdown]
 # The tests run the `torchrun` entry point on 4 CPU processes; on a machine with at least two GPUs,

@@ -26,6 +26,9 @@
 # into one `Linear` goes one step further: one larger matmul instead of three.
 # ("Attention Is All You Need", section 3.2.2, https://arxiv.org/abs/1706.03762.)
 #
+# ![The projection's H·D features are H blocks of D; view and transpose give one (T, D) block per head;
+# after attention, transpose and reshape put the heads side by side again](../../diagrams/head-split-merge.svg)
+#
 # API reference: [`attention.causal.split_heads`](../../api/causal/split_heads/), [`attention.causal.fused_qkv`](../../api/causal/fused_qkv/).
 
 # %%
@@ -94,13 +97,13 @@ print("fused.qkv.weight:", tuple(fused.qkv.weight.shape), "= query, key and valu
 # (`# Same as attention/causal/split_heads.py::project_heads`, kept identical by a test), so each
 # file stays a single file that imports only torch.
 
-# %% tags=["hide-input"]
+# %%
 show_source(SplitHeadsAttention.__init__)
 show_source(SplitHeadsAttention.forward)
 show_source(init_family)
 show_source(project_heads)
 
-# %% tags=["hide-input"]
+# %%
 show_source(FusedQKVAttention.__init__)
 show_source(FusedQKVAttention.forward)
 
@@ -276,7 +279,7 @@ show_table(f"Initial weights at d_model = {d_model}, {num_heads} heads",
 # `dropout=0.5`: the shape of the tensor each class's `nn.Dropout` receives, and how many output
 # elements are exactly zero (a dropout on the output would zero about half of them):
 
-# %% tags=["hide-input"]
+# %%
 torch.manual_seed(0)
 x_train = torch.randn(2, 16, 32)  # (B, T, d_in)
 rows = []
@@ -296,6 +299,8 @@ for name, cls in IMPLEMENTATIONS.items():
                       for shape in sorted(set(seen))) or ("inside SDPA (`dropout_p`)" if hasattr(module, "dropout_p")
                                                        else "inside `nn.MultiheadAttention`")
     rows.append([f"`{name}`", where, int((out == 0).sum())])
+
+# %% tags=["hide-input"]
 show_table("dropout=0.5, training mode, x of shape (B, T, d_in) = (2, 16, 32), 4 heads",
            ["class", "nn.Dropout input shape", "output elements exactly 0"], rows)
 

@@ -41,8 +41,9 @@ import torch
 
 from attention import IMPLEMENTATIONS
 from attention.causal.stacked_heads import CausalHead, StackedHeadsAttention
-from attention.display import show_markdown, show_shape, show_source, show_table
+from attention.display import show_markdown, show_shape, show_source
 from attention.reference import reference_causal_self_attention
+from attention.report.long import recorded, stacked_section
 
 torch.manual_seed(0)
 
@@ -95,7 +96,7 @@ print(weights[0].detach().numpy().round(3))
 #
 # Shown from the installed package at build time, so this page cannot drift from it.
 
-# %% tags=["hide-input"]
+# %%
 show_source(CausalHead)
 show_source(StackedHeadsAttention)
 
@@ -124,84 +125,16 @@ assert error < 1e-5, error
 # %% [markdown]
 # ## Speed and memory, from a recorded run
 #
-# The numbers below are read at build time from the benchmark run recorded in
-# `docs/results/cpu-intel-xeon-2c-float32.json` (how it is measured: the
-# [Benchmarks](../../benchmarks/) page). "peak MiB" is the tensor memory of one call at its worst
-# moment. A row is called faster or slower only when the two
-# [interquartile ranges](../../glossary/#iqr) of time do not overlap; otherwise the run cannot
-# tell the two apart ("tied"). `sdpa_causal`, the [SDPA](../../glossary/#sdpa) version, is listed
-# for scale.
+# The numbers below are read at build time from the newest recorded float32 CPU run of the
+# benchmark's default profile (how it is measured: the [Benchmarks](../../benchmarks/) page). "peak
+# MiB" is the tensor memory of one call at its worst moment. A row is called faster or slower only
+# when the two [interquartile ranges](../../glossary/#iqr) of time do not overlap; otherwise the run
+# cannot tell the two apart ("tied"). `sdpa_causal`, the [SDPA](../../glossary/#sdpa) version, is
+# listed for scale.
 
-# %% tags=["hide-input"]
-from attention import report
-
-RECORDED_RUN = "cpu-intel-xeon-2c-float32.json"
-result = report.load_result(report.RESULTS_DIR / RECORDED_RUN)
-config = result["config"]
-rows = {(r["implementation"], r["mode"], r["batch"], r["seq_len"]): r for r in result["rows"]
-        if not r["compiled"] and r["status"] == "ok" and r["correct"]}
-
-
-def verdict(stacked, split):
-    """'faster', 'slower' or 'tied' for stacked_heads against split_heads: do their IQRs of time overlap?"""
-    if report.tied(stacked, split):
-        return "tied"
-    return "faster" if stacked["ms_median"] < split["ms_median"] else "slower"
-
-
-def shapes_text(shapes):
-    """'T = 128, 256 and B = 8, T = 1024' for [(1, 128), (1, 256), (8, 1024)]: sweep lengths first."""
-    sweep = [str(seq_len) for batch, seq_len in shapes if batch == config["sweep_batch"]]
-    others = [f"B = {batch}, T = {seq_len}" for batch, seq_len in shapes if batch != config["sweep_batch"]]
-    return " and ".join(([f"T = {', '.join(sweep)}"] if sweep else []) + others)
-
-
-comparisons = []  # (mode, batch, seq_len, stacked row, split row, sdpa_causal row or None), in the run's order
-for mode in config["modes"]:
-    for batch, seq_len in config["shapes"]:
-        stacked, split = rows.get(("stacked_heads", mode, batch, seq_len)), rows.get(("split_heads", mode, batch, seq_len))
-        if stacked and split:
-            comparisons.append((mode, batch, seq_len, stacked, split, rows.get(("sdpa_causal", mode, batch, seq_len))))
-
-show_markdown(
-    f"Recorded on {result['provenance']['date_utc'][:10]} on {result['provenance']['device']['name']} "
-    f"({result['provenance']['device']['torch_num_threads']} threads), {result['dtype']}, d_model = {config['d_model']}, "
-    f"{config['num_heads']} heads (head size {config['head_dim']}); the sweep uses batch B = {config['sweep_batch']}.")
-show_table(
-    "stacked_heads against split_heads (ms: median time per call; MiB: peak memory)",
-    ["mode", "B", "T", "stacked ms", "split ms", "stacked is", "stacked MiB", "split MiB", "sdpa_causal ms"],
-    [[report.MODE_TITLES[mode], batch, seq_len, f"{stacked['ms_median']:.1f}", f"{split['ms_median']:.1f}",
-      verdict(stacked, split), f"{stacked['peak_memory_bytes'] / 2**20:.1f}",
-      f"{split['peak_memory_bytes'] / 2**20:.1f}", "—" if sdpa is None else f"{sdpa['ms_median']:.1f}"]
-     for mode, batch, seq_len, stacked, split, sdpa in sorted(comparisons, key=lambda c: (c[0] != "forward", c[1], c[2]))])
-
-summary = []
-for mode in config["modes"]:
-    in_mode = [c for c in comparisons if c[0] == mode]
-    by_verdict = {}
-    for _, batch, seq_len, stacked, split, _ in in_mode:
-        by_verdict.setdefault(verdict(stacked, split), []).append((batch, seq_len))
-    parts = [f"{word} at {shapes_text(shapes)}" for word, shapes in sorted(by_verdict.items())]
-    ratios = [split["peak_memory_bytes"] / stacked["peak_memory_bytes"] for *_, stacked, split, _ in in_mode]
-    summary.append(f"* **{report.MODE_TITLES[mode].capitalize()}.** Time: `stacked_heads` is {'; '.join(parts)}. Peak memory: "
-                   f"`split_heads` needs {min(ratios):.1f} to {max(ratios):.1f} times as much as `stacked_heads`.")
-_, batch, seq_len, stacked, split, _ = max((c for c in comparisons if c[0] == "forward"), key=lambda c: c[1] * c[2])
-one_head_scores = batch * seq_len * seq_len * 4  # bytes of one head's (B, T, T) float32 scores
-all_heads_scores = one_head_scores * config["num_heads"]  # (B, H, T, T)
-summary.append(
-    f"* **Where the memory goes** (forward, B = {batch}, T = {seq_len}): `split_heads` peaks at "
-    f"{split['peak_memory_bytes'] / all_heads_scores:.1f} times the size of one `(B, H, T, T)` score tensor "
-    f"({all_heads_scores / 2**20:.0f} MiB), `stacked_heads` at {stacked['peak_memory_bytes'] / one_head_scores:.1f} "
-    f"times one head's `(B, T, T)` ({one_head_scores / 2**20:.0f} MiB).")
-with_sdpa = [c for c in comparisons if c[5] is not None]
-sdpa_wins = [c for c in with_sdpa if c[5]["ms_median"] < min(c[3]["ms_median"], c[4]["ms_median"])]
-summary.append(f"* `sdpa_causal` has the lowest median time of the three in {len(sdpa_wins)} of the "
-               f"{len(with_sdpa)} rows.")
-changed = [path for path in report.changed_sources(result)
-           if path in ("attention/causal/stacked_heads.py", "attention/causal/split_heads.py")]
-summary.append("* " + (f"{' and '.join(f'`{path}`' for path in changed)} changed since this run." if changed
-                       else "Neither `stacked_heads.py` nor `split_heads.py` has changed since this run."))
-show_markdown("\n".join(summary))
+# %%
+path, run = recorded("")
+show_markdown(stacked_section(path, run))
 
 # %% [markdown]
 # Both classes do the same arithmetic; what differs is how the work is cut up.

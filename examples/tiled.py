@@ -11,8 +11,8 @@
 # `TiledAttention` (`attention/causal/tiled.py`, registered as `tiled`) is the algorithm written
 # in PyTorch operations, a tile at a time: it is checked against the float64 reference like every
 # class, and its tiles run from a Python loop, because its point is to be read. How fast that is,
-# against the class that writes the scores out and against PyTorch's fused kernel, is measured at
-# the end of the page.
+# against the class that writes the scores out and against PyTorch's fused kernel, a recorded
+# benchmark run shows at the end of the page.
 #
 # API reference: [`attention.causal.tiled`](../../api/causal/tiled/).
 
@@ -20,13 +20,13 @@
 import math
 
 import torch
-from matplotlib.figure import Figure
 
+from attention.causal import tiled
 from attention.causal.split_heads import SplitHeadsAttention
-from attention.causal.tiled import TiledAttention, tiled_attention
-from attention.report import prose
-from attention.display import show, show_markdown, show_table
+from attention.causal.tiled import TiledAttention
+from attention.display import show, show_markdown, show_source, show_table
 from attention.reference import reference_causal_self_attention
+from attention.report.long import memory_chart, recorded, tiled_section
 
 # %% [markdown]
 # ## What the naive version stores
@@ -34,13 +34,12 @@ from attention.reference import reference_causal_self_attention
 # Written out, attention builds the scores `Q Kᵀ` for every pair of positions: `(B, H, T, T)`
 # numbers, before the softmax and again after it. At GPT-2 small's 12 heads and batch 1, in float32:
 
-# %% tags=["hide-input"]
-rows = []
-for T in (1024, 4096, 16384, 32768):
-    scores_bytes = 1 * 12 * T * T * 4
-    rows.append((f"{T:,}", f"{scores_bytes / 2**20:,.0f} MiB", f"{1 * 12 * T * 64 * 4 / 2**20:,.1f} MiB"))
-show_table("One (B, H, T, T) float32 score matrix against one (B, H, T, D) tensor, B = 1, H = 12, D = 64",
-           ["T", "scores (B, H, T, T)", "queries (B, H, T, D)"], rows)
+# %%
+B, H, D = 1, 12, 64
+sizes = [(f"{T:,}", f"{B * H * T * T * 4 / 2**20:,.0f} MiB", f"{B * H * T * D * 4 / 2**20:,.1f} MiB")
+         for T in (1024, 4096, 16384, 32768)]  # float32: 4 bytes a number
+show_table(f"One (B, H, T, T) score matrix against one (B, H, T, D) tensor, float32, B = {B}, H = {H}, D = {D}",
+           ["T", "scores (B, H, T, T)", "queries (B, H, T, D)"], sizes)
 
 # %% [markdown]
 # ## The online softmax, one row at a time
@@ -88,33 +87,24 @@ print(f"softmax over the whole row, then the weighted sum: {exact:.6f}; online: 
 # ## Tiles
 #
 # The same works for a block of queries at once: a tile of `block_size` queries against
-# `block_size` keys is one small matmul, `(block_size, D) @ (D, block_size)`. Under the causal mask,
-# query `i` sees keys `<= i`, so every tile wholly above the diagonal is skipped and tiles on the
-# diagonal are masked inside.
+# `block_size` keys is one small matmul, `(block_size, D) @ (D, block_size)`, and every query of the
+# tile keeps its own `m`, `l` and `acc`. Under the causal mask, query `i` sees keys `<= i`, so every
+# tile wholly above the diagonal is skipped and tiles on the diagonal are masked inside:
+#
+# ![The tile loop: query tile Q2 visits key tiles K0, K1 and K2 in turn, updating its running maximum,
+# sum and output; tiles above the causal diagonal are skipped](../../diagrams/tile-loop.svg)
+#
+# ## The code
+#
+# `tiled_attention(q, k, v, block_size)` runs an `autograd.Function` whose forward is that loop, from
+# the installed package: for each query tile, the key tiles it needs (`_tiles` lists them, the
+# diagonal's last), the tile's scores (`_tile_scores` masks the diagonal tile inside), the update
+# of the running statistics, and at the end the output and each query's log-sum-exp `m + log l`,
+# saved for the backward pass.
 
-# %% tags=["hide-input"]
-T, block_size = 512, 64
-tiles = T // block_size
-state = torch.zeros(tiles, tiles)
-for q_tile in range(tiles):
-    for k_tile in range(tiles):
-        state[q_tile, k_tile] = 0 if k_tile > q_tile else (1 if k_tile == q_tile else 2)
-fig = Figure(figsize=(4.6, 4.2))
-ax = fig.subplots()
-image = ax.imshow(state, cmap="Blues", vmin=0, vmax=2.4)
-ax.set_xticks(range(tiles), [f"K{k * block_size}" for k in range(tiles)], rotation=90, fontsize=7)
-ax.set_yticks(range(tiles), [f"Q{q * block_size}" for q in range(tiles)], fontsize=7)
-ax.set_xlabel(f"key tile (block_size = {block_size})")
-ax.set_ylabel("query tile")
-for q_tile in range(tiles):
-    for k_tile in range(tiles):
-        ax.text(k_tile, q_tile, {0: "", 1: "masked\ninside", 2: "full"}[int(state[q_tile, k_tile])],
-                ha="center", va="center", fontsize=5.5, color="white" if state[q_tile, k_tile] == 2 else "black")
-ax.set_title(f"Causal tiles at T = {T}: {int((state == 2).sum())} full, {int((state == 1).sum())} on the "
-             f"diagonal, {int((state == 0).sum())} skipped", fontsize=9)
-fig.tight_layout()
-show(fig, alt=f"A {tiles} by {tiles} grid of tiles: those above the diagonal are skipped, those on it are masked "
-              "inside, those below are computed in full")
+# %%
+show_source(tiled._TiledAttention.forward)
+show_source(tiled._online_softmax_update)
 
 # %% [markdown]
 # ## Checked against the reference
@@ -139,9 +129,17 @@ print(f"T = 100, block_size = 16: largest difference from the float64 reference 
 # `m + log l`. In the backward pass it recomputes each tile's weights as `exp(s - lse)` from `Q`
 # and `K`, and uses `Σ_j P_ij dP_ij = dO_i · O_i` to finish the softmax's gradient without the
 # full row. That costs one more `Q Kᵀ` per tile, and saves all the memory the weights would need.
-# Count what each class keeps for the backward pass, at `T = 1024`, each tensor once (a tensor
-# several operations save, such as the input `x` of the three projections, is kept once), split
-# into the projections' weights, the module's input and what the attention itself keeps:
+# The backward pass, one tile at a time (FlashAttention's Algorithm 2):
+
+# %%
+show_source(tiled._TiledAttention.backward)
+show_source(tiled._tile_gradients)
+
+# %% [markdown]
+# What each class keeps for the backward pass, counted with autograd's saved-tensor hooks at
+# `T = 1024`, each tensor once (a tensor several operations save, such as the input `x` of the three
+# projections, is kept once), split into the projections' weights, the module's input and what the
+# attention itself keeps:
 
 # %%
 def saved_tensors(module, x):
@@ -195,94 +193,22 @@ show_markdown(
 # class `split_heads`, `tiled` and `sdpa_causal` (PyTorch's fused kernel) at batch 1 and GPT-2
 # small's widths for `T` from 128 to 16,384, forward and forward + backward. Each row is checked
 # against the float64 reference before it is timed, and each call's peak tensor memory is measured
-# (on CPU: the running sum of the allocator's allocations and frees during one profiled call). The
-# tables and figures below are read from the recorded run.
-
-# %% tags=["hide-input"]
-from attention import report
-
-long_path = report.find_results(report.RESULTS_DIR / "long", device_type="cpu")[0]
-long_run = report.load_result(long_path)
-show_markdown(f"Recorded run `docs/results/long/{long_path.name}`: {long_run['provenance']['device']['name']}, "
-              f"{long_run['dtype']}, recorded {long_run['provenance']['date_utc'][:10]}"
-              + (" with older sources than these (the page still shows it)" if report.is_stale(long_run) else "")
-              + f"; {report.profile_summary(long_run['config'])}.")
-show_markdown(report.memory_slope_table(long_run))
-
-# %% tags=["hide-input"]
-show(report.plot_memory_vs_seq_len(long_run, "forward"),
-     alt="Forward peak memory against sequence length, log-log: split_heads grows like T squared, tiled and "
-         "sdpa_causal like T")
-show(report.plot_memory_vs_seq_len(long_run, "forward_backward"),
-     alt="Forward + backward peak memory against sequence length, log-log")
-
-# %% tags=["hide-input"]
-slopes = {mode: report.memory_slopes(long_run, mode) for mode in ("forward", "forward_backward")}
-rows = {(r["label"], r["mode"], r["seq_len"]): r for r in report.sweep_rows(long_run, "forward")
-        + report.sweep_rows(long_run, "forward_backward")}
-longest = max(long_run["config"]["seq_lens"])
-naive_longest = max(t for (label, mode, t), r in rows.items()
-                    if label == "split_heads" and mode == "forward_backward" and r["status"] == "ok")
-skipped = rows.get(("split_heads", "forward_backward", longest))
-show_markdown(
-    f"Fitted over `T` ≥ 2048, in forward + backward: `split_heads`' peak grows as "
-    f"`T^{slopes['forward_backward']['split_heads']['slope']:.2f}`, `tiled`'s as "
-    f"`T^{slopes['forward_backward']['tiled']['slope']:.2f}` and `sdpa_causal`'s as "
-    f"`T^{slopes['forward_backward']['sdpa_causal']['slope']:.2f}`. At `T = {naive_longest}`, one training step "
-    f"of `split_heads` needs {report.number(rows['split_heads', 'forward_backward', naive_longest]['peak_memory_bytes'] / 2**20)} "
-    f"MiB, `tiled` {report.number(rows['tiled', 'forward_backward', naive_longest]['peak_memory_bytes'] / 2**20)} MiB "
-    f"and `sdpa_causal` {report.number(rows['sdpa_causal', 'forward_backward', naive_longest]['peak_memory_bytes'] / 2**20)} MiB."
-    + (f" At `T = {longest}` the run skipped `split_heads`: {skipped['reason']}." if skipped and skipped["status"] == "skipped" else ""))
-
-# %% [markdown]
+# (on CPU: the running sum of the allocator's allocations and frees during one profiled call).
+#
 # Time is the other side of the trade. `tiled` runs one small matmul per tile from Python, and
 # recomputes the scores in its backward pass; `split_heads` does one large matmul per step, but
 # writes every `(B, H, T, T)` intermediate out to memory and reads it back, in both passes. That
 # memory traffic is FlashAttention's argument (Dao et al., 2022, <https://arxiv.org/abs/2205.14135>,
 # section 2): a tile of scores small enough to stay in the processor's caches costs far less to
-# write and read than a score matrix that only fits in main memory. The recorded run:
+# write and read than a score matrix that only fits in main memory. The recorded run, read by
+# `attention.report.long`:
 
-# %% tags=["hide-input"]
-show_markdown("Forward + backward, median ms per call:\n\n" + report.sweep_table(long_run, "forward_backward", "ms_median"))
-long_label = prose.file_label(f"docs/results/long/{long_path.name}", report.is_stale(long_run))
-training = {label: {t: r["ms_median"] for (name, mode, t), r in rows.items()
-                    if name == label and mode == "forward_backward" and r["status"] == "ok"}
-            for label in ("split_heads", "tiled", "sdpa_causal")}
-score_mib = {t: 12 * t * t * 4 / 2**20 for t in training["split_heads"]}  # one (1, 12, T, T) float32 tensor
-tile_kib = 12 * TiledAttention(768, 768, 8, 0.0, 12).block_size ** 2 * 4 / 2**10  # one tile of scores, every head
-show_markdown(prose.tiled_against_naive_sentence(long_label, training["tiled"], training["split_heads"])
-              + f" One `(B, H, T, T)` score tensor of this run is {score_mib[max(score_mib)]:,.0f} MiB at "
-              f"`T = {max(score_mib):,}`; one tile of scores of `tiled`, every head, is {tile_kib:,.0f} KiB.")
-at = {label: rows.get((label, "forward_backward", longest)) for label in ("tiled", "sdpa_causal")}
-if all(r and r["status"] == "ok" for r in at.values()):
-    kind, ratio = prose.ratio_words(at["tiled"]["ms_median"], at["sdpa_causal"]["ms_median"])
-    show_markdown(f"Against the fused kernel, at `T = {longest:,}`: `tiled` takes {report.number(at['tiled']['ms_median'])} ms "
-                  f"and `sdpa_causal` {report.number(at['sdpa_causal']['ms_median'])} ms, "
-                  + (f"{prose.times(ratio)} as long, for the same O(T) memory: the algorithm is the same, the "
-                     "difference is the kernel (one C++ loop over tiles, against Python's)." if kind == "more"
-                     else "about as long or less, for the same O(T) memory."))
-
-compiled_path = report.RESULTS_DIR / "cpu-intel-xeon-2c-float32-compiled.json"
-compiled_run = report.load_result(compiled_path)
-
-
-def compiled_row(label, mode):
-    return next(row for row in report.shape_rows(compiled_run, mode) if row["label"] == f"{label} (compiled)")
-
-
-compiled = {report.MODE_TITLES[mode]: (compiled_row("tiled", mode)["ms_median"], compiled_row("sdpa_causal", mode)["ms_median"])
-            for mode in ("forward", "forward_backward")}
-from attention.bench.metrics import CONTENDED_BELOW
-
-contended = [f"`{row['label']}`, {report.MODE_TITLES[mode]}, at {row['cpu_utilization']:.0%} of the CPU"
-             for mode in ("forward", "forward_backward") for row in (compiled_row(label, mode) for label in ("tiled", "sdpa_causal"))
-             if (row["cpu_utilization"] or 1.0) < CONTENDED_BELOW]
-show_markdown(prose.compiled_sentence(prose.file_label(compiled_path.name, report.is_stale(compiled_run)),
-                                      compiled_run["config"]["seq_len"], compiled)
-              + (f" Measured while other processes took the CPU (these times overstate the cost): {'; '.join(contended)}."
-                 if contended else ""))
+# %%
+path, long_run = recorded("long")
+show(memory_chart(long_run))
+show_markdown(tiled_section(path, long_run))
 
 # %% [markdown]
-# The whole run, with every length, both modes and the block-sparse measurements, is on
+# Every length, both modes and the block-sparse measurements of the run are on
 # [Benchmarks](../../benchmarks/#long-context); where skipping blocks pays for other masks is on
 # [Masks](../masks/#where-block-sparsity-pays-measured-to-16k).

@@ -102,7 +102,7 @@ new_tokens = 64
 greedy = model.generate(prompt, new_tokens)  # (1, T + new_tokens)
 sampled = model.generate(prompt, new_tokens, temperature=0.8, top_k=20, generator=torch.Generator().manual_seed(0))
 
-# %% tags=["hide-input"]
+# %%
 def as_block(ids, label):
     text = data.decode(ids[0, prompt.shape[1]:])
     return f"{label}, after the prompt `{prompt_text}`:\n\n````text\n{prompt_text}{text}\n````"
@@ -149,7 +149,7 @@ started = time.perf_counter()
 rows = [swap_in(name) for name in sorted(IMPLEMENTATIONS)]
 swap_seconds = time.perf_counter() - started
 
-# %% tags=["hide-input"]
+# %%
 def not_fitting_reason(message):
     return "K/V heads differ (`key.weight` shape)" if "key.weight" in message else "position encoding differs"
 
@@ -322,17 +322,17 @@ second = torch.arange(period, 2 * period)  # queries in the second copy
 scores["induction"] = induction_maps[..., second, second - period + 1].mean(dim=(1, 3))
 chance["induction"] = (1 / (second + 1).double()).mean().item()
 print(f"{len(pairs)} matched bracket pairs in {len(text_windows)} windows of held-out text")
+best = {pattern: divmod(int(table.argmax()), H) for pattern, table in scores.items()}  # the top head: (layer, head)
+strong = [pattern for pattern, (layer, head) in best.items() if scores[pattern][layer, head] > 3 * chance[pattern]]
 
 # %% tags=["hide-input"]
 show(plot_heatmaps({f"{pattern}\n(uniform head: {chance[pattern]:.2f})": table for pattern, table in scores.items()},
                    row_labels=[f"layer {layer}" for layer in range(L_layers)], col_labels=list(range(H)),
                    xlabel="head", ylabel="layer", value_label="mean attention weight (0 to 1)",
                    title="What each trained head attends to: measured scores per head", log_scale=False, cell_format="{:.2f}"))
-best = {pattern: divmod(int(table.argmax()), H) for pattern, table in scores.items()}
 show_table("The head that scores highest on each pattern", ["pattern", "head", "score", "uniform head", "ratio"],
            [(pattern, f"layer {layer}, head {head}", f"{scores[pattern][layer, head]:.2f}", f"{chance[pattern]:.2f}",
              f"{scores[pattern][layer, head] / chance[pattern]:.1f}x") for pattern, (layer, head) in best.items()])
-strong = [pattern for pattern, (layer, head) in best.items() if scores[pattern][layer, head] > 3 * chance[pattern]]
 weak = [pattern for pattern in best if pattern not in strong]
 show_markdown(
     (f"Patterns with a head at more than three times the uniform score: {', '.join(strong)}. " if strong else
@@ -342,14 +342,14 @@ show_markdown(
 
 # %% [markdown]
 # The best-scoring head of each pattern found above (each at least three times the uniform score;
-# of every pattern if none is), on a line of Python (each row: a query byte; each column: a byte it
-# may attend to; `␣` a space, `⏎` a newline):
+# of every pattern if none is), on a short line of Python, short enough that every byte keeps a
+# legible label (each row: a query byte; each column: a byte it may attend to; `␣` a space):
 
 # %%
-sentence = data.encode("print(len([x for x in range(10)]))\n")[None]  # (1, T): brackets inside brackets
+sentence = data.encode("print(f([x[0]]))")[None]  # (1, T): brackets inside brackets
 sentence_maps = attention_maps(sentence)[:, 0]  # (layers, H, T, T)
 chosen = list(dict.fromkeys(best[pattern] for pattern in (strong or best)))  # the best head of each pattern found, each once
-labels = [{" ": "␣", "\n": "⏎"}.get(chr(byte), chr(byte)) for byte in sentence[0].tolist()]
+labels = [{" ": "␣"}.get(chr(byte), chr(byte)) for byte in sentence[0].tolist()]
 
 # %% tags=["hide-input"]
 fig = plot_attention_weights(torch.stack([sentence_maps[layer, head] for layer, head in chosen]), ncols=2,

@@ -1,4 +1,4 @@
-"""Shared test helpers: the tolerance table, weight copying and canonical-layout gradients."""
+"""Shared test helpers: weight copying and canonical-layout gradients; `tolerance` is `attention.reference`'s table's."""
 
 import copy
 
@@ -6,26 +6,9 @@ import pytest
 import torch
 
 import attention
-from attention.reference import reference_causal_self_attention
-
-# One (device type, dtype) table for every comparison against the float64 reference. The low-precision
-# rows include the rounding of the weights themselves, since the module runs entirely in that dtype.
-TOLERANCES = {
-    ("cpu", torch.float32): dict(atol=2e-5, rtol=1e-4),
-    ("cpu", torch.bfloat16): dict(atol=2e-2, rtol=2e-2),
-    ("cpu", torch.float16): dict(atol=3e-3, rtol=3e-3),
-    ("cuda", torch.float32): dict(atol=2e-5, rtol=1e-4),
-    ("cuda", "tf32"): dict(atol=5e-3, rtol=5e-3),
-    ("cuda", torch.bfloat16): dict(atol=2e-2, rtol=2e-2),
-    ("cuda", torch.float16): dict(atol=3e-3, rtol=3e-3),
-}
+from attention.reference import reference_causal_self_attention, tolerance  # noqa: F401 -- the one tolerance table
 
 IMPLEMENTATION_NAMES = sorted(attention.IMPLEMENTATIONS)
-
-
-def tolerance(device, dtype):
-    """Tolerances for outputs computed on `device` in `dtype` (or "tf32"), from the one table."""
-    return TOLERANCES[(torch.device(device).type, dtype)]
 
 
 def build(name, d_in, d_out, context_length, num_heads, qkv_bias=False, dropout=0.0, seed=0):

@@ -18,7 +18,8 @@ from attention.bench import core, metrics, profiles
 from attention.bench.__main__ import build_parser, config_from_args, main
 from attention.schema import config_problems
 from attention.bench.sweeps import decode
-from attention.causal.gqa import DECODE_KERNELS, GroupedQueryAttention, grouped_decode_attention, per_head_matmul
+from attention.causal.gqa import GroupedQueryAttention
+from attention.decoding import AUTO_MATMUL_MAX_TOKENS, DECODE_KERNELS, grouped_decode_attention, per_head_matmul
 from attention.reference import reference_kernel
 
 
@@ -107,9 +108,9 @@ def test_the_auto_kernel_runs_the_grouped_matmuls_on_cpu(monkeypatch):
         module(torch.randn(1, 3, 32), cache=module.new_cache(1, 8))
         assert calls == [1]
         module(torch.randn(1, 3, 32))  # no cache: SDPA
-        module(torch.randn(1, gqa.AUTO_MATMUL_MAX_TOKENS + 1, 32), cache=module.new_cache(1, 64))  # a prefill: SDPA
+        module(torch.randn(1, AUTO_MATMUL_MAX_TOKENS + 1, 32), cache=module.new_cache(1, 64))  # a prefill: SDPA
         assert calls == [1]
-        module(torch.randn(1, gqa.AUTO_MATMUL_MAX_TOKENS, 32), cache=module.new_cache(1, 64))
+        module(torch.randn(1, AUTO_MATMUL_MAX_TOKENS, 32), cache=module.new_cache(1, 64))
         assert calls == [1, 1]
 
 
@@ -155,7 +156,13 @@ def test_the_decode_profile_makes_the_tables_it_made_before(decode_result):
     before = BEFORE["decode"]
     assert structure(report.decode_table(decode_result, 1)) == before["decode_table_1"]
     assert structure(report.decode_table(decode_result, 2)) == before["decode_table_2"]
-    assert structure(report.decode_summary_table(decode_result)) == before["decode_summary_table"]
+    # Issue 45 made the summary fit a column: a row per model (K/V heads and cache per token in its label), a column per
+    # batch size and context, where it had a row per batch and model.
+    summary = report.decode_summary_table(decode_result).splitlines()
+    (batches, models), contexts = ({row.split(" | ")[i] for row in before["decode_summary_table"][0]["rows"]}
+                                   for i in (0, 1)), before["decode_summary_table"][0]["header"][4:]
+    assert sorted(line.split(" | ")[0].lstrip("| ").split(" (")[0] for line in summary[2:]) == sorted(models)
+    assert summary[0].count("| B=") == len(batches) * len(contexts)
 
 
 @pytest.mark.parametrize("field", ["tokens_per_s", "gbps", "share_of_paired_bandwidth", "share_of_peak_bandwidth",
@@ -168,9 +175,9 @@ def test_the_validator_recomputes_each_derived_number(decode_result, field):
 
 
 def test_decode_tables_and_figures_show_every_measurement(decode_result):
-    assert report.decode_table(decode_result, 2).count("tok/s") == 3 * 2 * 2
+    assert report.decode_table(decode_result, 2).count(" · ") == 3 * 2 * 2  # tokens/s · share, per model, kernel, context
     summary = report.decode_summary_table(decode_result)
-    assert summary.count("tok/s") == 2 * 3 * 2 and "KiB" in summary
+    assert summary.count(" · ") == 2 * 3 * 2 and "KiB" in summary
     for metric in ("tokens_per_s", "share_of_peak_bandwidth", "share_of_paired_bandwidth"):
         fig = report.plot_decode(decode_result, metric)
         assert isinstance(fig, Figure) and sum(len(ax.lines) for ax in fig.axes) == 2 * 3 * 2
@@ -184,8 +191,8 @@ def test_the_summary_shows_a_cache_of_less_than_a_kibibyte_per_token(decode_resu
     models = list(dict.fromkeys(row["model"] for row in rows))
     for row in rows:
         row["cache_bytes_per_token"] = {models[0]: 512, models[1]: 1152}.get(row["model"], row["cache_bytes_per_token"])
-    cells = [line.split("|")[4].strip() for line in report.decode_summary_table(sized).splitlines()[2:]]
-    assert cells[:2] == ["0.5 KiB", "1.125 KiB"]
+    labels = [line.split("|")[1].strip() for line in report.decode_summary_table(sized).splitlines()[2:]]
+    assert ", 0.5 KiB per token)" in labels[0] and ", 1.125 KiB per token)" in labels[1]
 
 
 def test_the_bandwidth_ceiling_is_the_best_read_or_copy_past_the_last_level_cache(decode_result):
@@ -288,7 +295,7 @@ class ContractOnly:
 
 
 def test_a_model_is_one_record_and_the_sweep_uses_only_the_cache_contract(monkeypatch):
-    """A toy model family: one `Model` record in `MODELS` gives it rows beside MHA/GQA/MQA, checked against its
+    """A toy kind of layer: one `Layer` record in `LAYERS` gives it rows beside MHA/GQA/MQA, checked against its
     own float64 reference, through a cache that keeps only the contract."""
     grouped = decode.grouped(2)
     checks = []
@@ -298,11 +305,11 @@ def test_a_model_is_one_record_and_the_sweep_uses_only_the_cache_contract(monkey
         module.new_cache = lambda batch, capacity, make=module.new_cache: ContractOnly(make(batch, capacity))
         return module, hidden
 
-    def reference(module, x0, cached, context):
+    def reference(config, module, x0, cached, context):
         checks.append(context)
-        return grouped.reference(module, x0, cached, context)
+        return grouped.reference(config, module, x0, cached, context)
 
-    monkeypatch.setitem(decode.MODELS, "toy", decode.Model(("matmul",), build, grouped.entries, reference,
+    monkeypatch.setitem(decode.LAYERS, "toy", decode.Layer(("matmul",), build, grouped.entries, reference,
                                                            positions_read=lambda context: context + 1))
     with quick_yardsticks():
         result = run_decode(models=("toy", "MQA"), batches=(1,), kernels=("matmul",))
@@ -310,8 +317,8 @@ def test_a_model_is_one_record_and_the_sweep_uses_only_the_cache_contract(monkey
     assert [(r["model"], r["context"]) for r in rows] == [("toy", 64), ("toy", 128), ("MQA", 64), ("MQA", 128)]
     assert all(r["status"] == "ok" and r["correct"] is True for r in rows) and checks == [64, 128]
     assert report.validate_result(result) == []
-    wrong = decode.Model(("matmul",), build, grouped.entries, lambda *args: grouped.reference(*args) + 1)
-    monkeypatch.setitem(decode.MODELS, "toy", wrong)
+    wrong = decode.Layer(("matmul",), build, grouped.entries, lambda *args: grouped.reference(*args) + 1)
+    monkeypatch.setitem(decode.LAYERS, "toy", wrong)
     with quick_yardsticks():
         rows = run_decode(models=("toy",), batches=(1,), contexts=(64,), kernels=("matmul",))["decode"]["rows"]
     assert rows[0]["correct"] is False and rows[0]["reason"] == "output differs from the float64 reference"

@@ -15,7 +15,9 @@ from bench_tables import TINY_DECODE, quick_yardsticks
 from attention.bench import core, profiles, results
 from attention import report
 from attention.bench.sweeps import decode
+from attention.models import MODELS
 from attention.models.deepseek_v3 import latent_attention_flops, latent_config
+from attention.models.published import PUBLISHED
 from attention.reference import model_reference_kwargs, reference_model_attention
 
 NEW = ("Llama-3", "Gemma-3-local", "Gemma-2-local", "Gemma-2-global", "gpt-oss-local", "gpt-oss-global",
@@ -43,7 +45,7 @@ def test_every_model_decodes_a_bfloat16_cache_correctly():
         found = core.run(profiles.plan("decode", TINY_DECODE | dict(contexts=(64, 128), batches=(2,))), "cpu",
                          "bfloat16", progress=False)
     rows = found["decode"]["rows"]
-    assert {row["model"] for row in rows} == set(decode.MODELS)
+    assert {row["model"] for row in rows} == set(decode.LAYERS)
     assert [row for row in rows if row["status"] != "ok" or row["correct"] is not True] == []
     assert results.validate(found) == []
 
@@ -89,7 +91,7 @@ def test_positions_bytes_and_flops_follow_from_the_layers(result):
     for row in result["decode"]["rows"]:
         window = WINDOWS.get(row["model"])
         assert row["positions_read"] == min(row["context"] + 1, window or row["context"] + 1)
-        module, _ = decode.MODELS[row["model"]].build(decode.Config(**TINY_DECODE), row["kernel"])
+        module, _ = decode.LAYERS[row["model"]].build(decode.Config(**TINY_DECODE), row["kernel"])
         assert row["weight_bytes"] == sum(p.numel() for p in module.parameters()) * 4
         if row["model"] == "MLA":  # the latent (4 head sizes) and the rotary key (half a head size) per position
             assert (row["num_kv_heads"], row["cache_bytes_per_token"]) == (1, (4 * 16 + 8) * 4)
@@ -132,8 +134,8 @@ def test_the_validator_refuses_a_wrong_count(result, model, field):
 
 
 def test_a_model_whose_window_disagrees_with_its_cache_is_refused(monkeypatch):
-    gemma = decode.MODELS["Gemma-3-local"]
-    monkeypatch.setitem(decode.MODELS, "Gemma-3-local", gemma._replace(positions_read=lambda context: context + 1))
+    gemma = decode.LAYERS["Gemma-3-local"]
+    monkeypatch.setitem(decode.LAYERS, "Gemma-3-local", gemma._replace(positions_read=lambda context: context + 1))
     with pytest.raises(ValueError, match="Gemma-3-local: the cache holds .* not batch x positions_read"):
         run_decode(models=("Gemma-3-local",))
 
@@ -141,15 +143,18 @@ def test_a_model_whose_window_disagrees_with_its_cache_is_refused(monkeypatch):
 def test_the_reference_over_a_cached_past_is_the_full_reference_at_the_last_position():
     """What the sweep checks against: `reference_model_attention` given the past keys and values as a cache holds
     them equals its own full pass at the new position, a window past its length included."""
-    module, hidden = decode.MODELS["Gemma-3-local"].build(decode.Config(**TINY_DECODE), "sdpa")
+    sweep = decode.Config(**TINY_DECODE)
+    module, hidden = decode.LAYERS["Gemma-3-local"].build(sweep, "sdpa")
     module = module.to(torch.float64)
     x = torch.randn(1, 1030, hidden, dtype=torch.float64)  # past the window of 1,024
     with torch.no_grad():
         _, past_keys, past_values = module.qkv(x[:, :-1], 0)  # (1, H_kv, 1029, D): normed and rotated, as cached
-    state = module.state_dict()
-    full, _ = reference_model_attention(x, state, **model_reference_kwargs(module, torch.arange(1030)))
+    state = module.state_dict()  # Gemma 3 27B's layer 0 at the sweep's sizes: 8 query heads of 16, 2 per K/V head
+    config = PUBLISHED["Gemma 3 27B"]["config"] | dict(num_attention_heads=8, num_key_value_heads=4, head_dim=16,
+                                                       hidden_size=128)
+    full, _ = reference_model_attention(x, state, **model_reference_kwargs(config, 0, torch.arange(1030), type(module)))
     step, weights = reference_model_attention(x[:, -1:], state, past_keys=past_keys, past_values=past_values,
-                                              **model_reference_kwargs(module, torch.arange(1029, 1030)))
+                                              **model_reference_kwargs(config, 0, torch.arange(1029, 1030), type(module)))
     torch.testing.assert_close(step, full[:, -1:], rtol=1e-10, atol=1e-10)
     assert weights.shape[-1] == 1030 and (weights[..., :1030 - 1024] == 0).all() and (weights[..., -1024:] > 0).all()
 
@@ -161,3 +166,23 @@ def test_a_step_past_the_memory_budget_is_skipped_and_the_shorter_ones_run():
     assert status == {("absorbed", 64): "ok", ("absorbed", 1100): "ok", ("naive", 64): "ok", ("naive", 1100): "skipped"}
     skipped = next(r for r in rows if r["status"] == "skipped")
     assert "step's own tensors" in skipped["reason"] and "exceeds the memory budget 5.0 MiB" in skipped["reason"]
+
+
+def test_the_sweep_builds_each_layer_as_from_config_does_and_sets_nothing_on_it():
+    """The layer a row steps is what `from_config` gives (its kernel chosen there, `decode_kernel`): the sweep pokes no
+    attribute onto it (it once wrote `num_heads`, `num_kv_heads`, `head_dim` and `decode_kernel` onto built layers);
+    the row's head sizes are read under each family's own names."""
+    sweep = decode.Config(**TINY_DECODE)
+    for name in ("Llama-3", "Gemma-2-local", "gpt-oss-global", "Llama-4-NoPE", "MLA"):
+        for kernel in decode.LAYERS[name].kernels:
+            module, _ = decode.LAYERS[name].build(sweep, kernel)
+            if name == "MLA":
+                attributes = set(vars(type(module).from_config(latent_config(8, 16), path=kernel)))
+            else:
+                config = decode.LAYERS[name].check(sweep)  # the model's config at the sweep's sizes
+                options = {"decode_kernel": kernel} if hasattr(module, "decode_kernel") else {}
+                attributes = set(vars(MODELS[config["model_type"]].from_config(config, module.layer_idx, **options)))
+            assert set(vars(module)) == attributes, name
+            assert getattr(module, "decode_kernel", getattr(module, "path", kernel)) == kernel
+            kv_heads = 1 if name == "MLA" else module.num_key_value_heads
+            assert decode.head_sizes(module) == dict(num_heads=8, num_kv_heads=kv_heads, head_dim=16)

@@ -495,6 +495,16 @@ def test_the_page_escapes_every_string_it_shows_from_the_record():
     assert dict(record_rows(RECORD))["command"] == f"`{RECORD['command']}`"  # a valid record is shown as it is
 
 
+@pytest.mark.parametrize("threads, words", [(1, "1 thread, torch"), (2, "2 threads, torch")])
+def test_the_page_counts_the_training_threads_in_words(threads, words):
+    """The page said "AMD EPYC, 1 threads": the word follows the count."""
+    from attention.gpt.checkpoint import record_rows
+
+    record = copy.deepcopy(RECORD)
+    record["torch_num_threads"] = threads
+    assert f"{RECORD['cpu']}, {words} " in dict(record_rows(record))["machine"]
+
+
 def test_the_shipped_record_holds_no_absolute_path():
     def strings(value):
         if isinstance(value, dict):

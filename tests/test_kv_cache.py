@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from helpers import tolerance
 
-from attention.causal.gqa import GroupedQueryAttention, KVCache, SlidingWindowKVCache, grouped_decode_attention
+from attention.causal.gqa import GroupedQueryAttention
+from attention.decoding import KVCache, SlidingWindowKVCache, grouped_decode_attention
 from attention.masks import and_masks, attention_sinks, causal, dense_mask, or_masks, sliding_window
 from attention.reference import expand_kv_heads, reference_attention
 
@@ -197,7 +198,7 @@ def test_cache_bytes(dtype):
 
 @pytest.mark.parametrize("kind", ["full", "window"])
 def test_rewind_repeats_a_step_exactly_and_keeps_the_contract(kind):
-    from attention.causal import DecodingCache
+    from attention.decoding import DecodingCache
 
     module = build(2)
     cache = module.new_cache(2, 64) if kind == "full" else module.new_cache(2, window=6, sinks=2)

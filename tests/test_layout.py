@@ -1,7 +1,9 @@
 """The package's shape: what measures apart from what shows, imports that point down, files within their budgets.
 
 Measuring (`attention/bench/`) never imports showing (`attention/report/`), except the command line that prints what
-it measured; the trusted reference imports nothing it judges; the ring's algorithm imports nothing of the benchmark.
+it measured; the trusted reference imports nothing of the package (least of all what it judges); the ring's algorithm
+imports nothing of the benchmark; a model family imports torch and the decoding family only, which imports nothing
+else of the package.
 Budgets are in lines of the files as they stand, so that a sweep stays readable top to bottom.
 """
 
@@ -64,3 +66,23 @@ def test_the_ring_imports_nothing_of_the_benchmark():  # the benchmark's ring sw
     importers = [path.name for path in files("distributed") if path.name != "__main__.py"
                  and any(name.startswith("attention.bench") for name in imported(path))]
     assert importers == []
+
+
+def test_the_reference_imports_nothing_of_the_package():  # the trusted reference never imports what it judges
+    assert imported(PACKAGE / "reference.py") == set()
+
+
+FAMILY_FILES = ["llama.py", "qwen3.py", "olmo2.py", "gemma2.py", "gemma3.py", "gpt_oss.py", "llama4.py", "deepseek_v3.py"]
+
+
+@pytest.mark.parametrize("family", FAMILY_FILES)
+def test_a_model_family_imports_only_the_decoding_family(family):  # copy the file and attention/decoding/: it runs
+    names = imported(PACKAGE / "models" / family)
+    assert not any(name.startswith("attention.causal") for name in names)
+    assert {name.split(".")[1] for name in names} <= {"decoding"}
+
+
+def test_the_decoding_family_imports_only_itself():
+    assert {name for path in files("decoding") for name in imported(path)
+            if not name.startswith("attention.decoding")} == set()
+    assert {name.split(".")[1] for name in imported(PACKAGE / "causal" / "gqa.py")} == {"decoding"}

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from attention import MultiHeadAttention
-from attention.causal.gqa import cached_attention, grouped_decode_attention
+from attention.decoding import cached_attention, grouped_decode_attention
 from attention.causal.tiled import tiled_attention
 from attention.models.deepseek_v3 import DeepseekV3Attention
 from attention.models.gemma2 import softcapped_attention

@@ -8,13 +8,12 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from attention.causal import DecodingCache
-from attention.causal.gqa import KVCache
+from attention.decoding import DecodingCache, KVCache, LatentCache
 from attention.models import MODELS, ModelAttention
-from attention.models.deepseek_v3 import (PUBLISHED_CONFIGS, DeepseekV3Attention, LatentCache, decode_step_bytes,
+from attention.models.deepseek_v3 import (PUBLISHED_CONFIGS, DeepseekV3Attention, decode_step_bytes,
                                           kv_cache_bytes_per_token, latent_attention_flops,
                                           latent_cache_bytes_per_token, layer_parameters)
-from attention.reference import reference_latent_attention, rope_inverse_frequencies
+from attention.reference import reference_latent_attention, rope_frequencies
 from helpers import requires_cuda, tolerance
 
 F64 = dict(atol=1e-12, rtol=1e-12)  # float64 against float64: only the order of the sums differs
@@ -125,8 +124,7 @@ def test_transformers_float32_steps_explain_the_gap(monkeypatch):
         return self.weight * (hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
 
     def angles_in_float64(self, x, position_ids):
-        frequencies, _ = rope_inverse_frequencies(self.config.qk_rope_head_dim, self.config.rope_parameters["rope_theta"],
-                                                  self.config.rope_parameters)
+        frequencies, _ = rope_frequencies(self.config.qk_rope_head_dim, self.config.rope_parameters)
         angles = position_ids[..., None].to(torch.float64) * frequencies
         angles = torch.cat([angles, angles], dim=-1)
         return (angles.cos() * self.attention_scaling).to(x.dtype), (angles.sin() * self.attention_scaling).to(x.dtype)

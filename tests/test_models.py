@@ -1,26 +1,31 @@
-"""The model families (attention/models/): each layer equal to transformers' own, to the float64 reference, and
-decoding with its cache equal to the full forward.
+"""The model families (attention/models/): each layer equal to the float64 reference and to transformers' own layer,
+and decoding with its cache equal to the full forward.
 
-transformers (a test-only extra) builds each model from a tiny random configuration, offline: no weights are
-downloaded. Every parameter is randomised, the whole tiny model runs in float64 with eager attention, and hooks
-capture what each attention layer receives and returns, so masks, windows and rotary embeddings are the
-model's own. Each configuration switches its family's mechanisms on at sizes where they bite: windows of 4-5
-keys under 11 tokens, a soft-cap of 2, a query scale that is not `1 / sqrt(head_dim)`.
+Each family is built from a tiny configuration, a plain mapping with transformers' field names (`CASES`), that
+switches its mechanisms on at sizes where they bite: windows of 4-5 keys under 11 tokens, a soft-cap of 2, a query
+scale that is not `1 / sqrt(head_dim)`, YaRN and Llama 3.1's RoPE scaling. Most tests need nothing but torch: the
+layer, its parameters drawn at random, against `attention.reference`, whose settings come from the same
+configuration (`model_reference_kwargs`), never from the layer. transformers (a test-only extra) is needed only for
+the comparisons with its own layers (`hf`): it builds each model from the same fields, offline (no weights are
+downloaded), randomises every parameter, runs the whole tiny model in float64 with eager attention, and hooks
+capture what each attention layer receives and returns, so masks, windows and rotary embeddings are the model's own.
 """
 
 import dataclasses
 import functools
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from attention.causal.gqa import KVCache, SlidingWindowKVCache
+import attention.decoding.kernels as kernels
+from attention.decoding import AUTO_MATMUL_MAX_TOKENS, KVCache, SlidingWindowKVCache
 from attention.models import MODELS, ModelAttention
 from attention.models.llama import rotary_cos_sin
 from attention.reference import model_reference_kwargs, reference_model_attention
 from tests.helpers import requires_cuda, tolerance
-
-transformers = pytest.importorskip("transformers")
 
 B, T = 2, 11  # 11 tokens: past every window below
 TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -34,25 +39,75 @@ GPT_OSS_ROPE = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "be
 GEMMA3_ROPE = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
 
-CASES = {  # name: (model_type, the tiny configuration's fields beyond TINY)
+CASES = {  # name: (model_type, the tiny configuration's fields beyond TINY): every field a family reads
     "llama": ("llama", dict(attention_bias=True, rope_parameters=LLAMA3_ROPE)),
-    "mistral": ("mistral", dict(sliding_window=4)),
+    "mistral": ("mistral", dict(sliding_window=4, rope_theta=10000.0)),
     # YaRN here too: llama.py's own copy of rope_frequencies runs it only for this class (Qwen2.5's long-context setting).
     "qwen2": ("qwen2", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1, rope_parameters=YARN_ROPE)),
-    "qwen3": ("qwen3", dict(use_sliding_window=True, sliding_window=5, max_window_layers=1, rope_parameters=YARN_ROPE)),
-    "olmo2": ("olmo2", dict(num_key_value_heads=4)),  # multi-head, as OLMo 2 7B
-    "gemma2": ("gemma2", dict(sliding_window=4, query_pre_attn_scalar=12, attn_logit_softcapping=2.0)),
+    "qwen3": ("qwen3", dict(use_sliding_window=True, sliding_window=5, max_window_layers=1, rope_parameters=YARN_ROPE,
+                            rms_norm_eps=1e-6)),
+    "olmo2": ("olmo2", dict(num_key_value_heads=4, rope_theta=10000.0, rms_norm_eps=1e-6)),  # multi-head, as OLMo 2 7B
+    "gemma2": ("gemma2", dict(sliding_window=4, query_pre_attn_scalar=12, attn_logit_softcapping=2.0, rope_theta=10000.0)),
     "gemma3_text": ("gemma3_text", dict(num_hidden_layers=3, sliding_window_pattern=3, sliding_window=4,
-                                        query_pre_attn_scalar=12, rope_parameters=GEMMA3_ROPE)),
+                                        query_pre_attn_scalar=12, rope_parameters=GEMMA3_ROPE, rms_norm_eps=1e-6)),
     "gpt_oss": ("gpt_oss", dict(sliding_window=4, num_local_experts=4, num_experts_per_tok=2, rope_parameters=GPT_OSS_ROPE)),
     # Chunks of 4 under 11 tokens; a temperature floor of 3 positions (8,192 in Llama 4), so it grows within 11.
     "llama4_text": ("llama4_text", dict(num_hidden_layers=4, no_rope_layer_interval=2, attention_chunk_size=4,
                                         floor_scale=3, attn_scale=0.5, num_local_experts=2, intermediate_size_mlp=48,
-                                        rope_parameters=LLAMA3_ROPE)),
+                                        rope_parameters=LLAMA3_ROPE, rms_norm_eps=1e-5)),
 }
 LAYERS = [(name, layer_idx) for name, (_, fields) in CASES.items()
           for layer_idx in range(fields.get("num_hidden_layers", TINY["num_hidden_layers"]))]
 LAYER_IDS = [f"{name}-{layer_idx}" for name, layer_idx in LAYERS]
+
+
+def config_of(name):
+    """`CASES[name]` as a plain configuration: a new dict with transformers' field names."""
+    model_type, fields = CASES[name]
+    return {"model_type": model_type, **TINY, **fields}
+
+
+def randomised(module, seed):
+    """`module` in float64, every parameter drawn from `seed` (norm weights too; sinks wider, so that they matter)."""
+    module = module.to(torch.float64)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for pname, param in module.named_parameters():
+            param.copy_(torch.randn(param.shape, generator=generator, dtype=torch.float64) * (2.0 if pname == "sinks" else 0.5))
+    return module
+
+
+def layer_of(name, layer_idx, **options):
+    """Our layer `layer_idx` of `CASES[name]` (`options`: `from_config`'s), float64, its parameters drawn at random."""
+    config = config_of(name)
+    return randomised(MODELS[config["model_type"]].from_config(config, layer_idx, **options), seed=10 * layer_idx + 3)
+
+
+def reference_kwargs(name, layer_idx, positions=None):
+    """`reference_model_attention`'s keywords for layer `layer_idx` of `CASES[name]`, from its configuration."""
+    config = config_of(name)
+    return model_reference_kwargs(config, layer_idx, torch.arange(T) if positions is None else positions,
+                                  MODELS[config["model_type"]])
+
+
+# Llama 4 is left out: it normalises q and k (an L2 norm, in float32) and rotates them in complex float32.
+NORMLESS = [(case, case_id) for case, case_id in zip(LAYERS, LAYER_IDS)
+            if not hasattr(layer_of(*case), "q_norm") and case[0] != "llama4_text"]
+CHUNKED = [(case, case_id) for case, case_id in zip(LAYERS, LAYER_IDS)
+           if getattr(layer_of(*case), "attention_chunk_size", None)]
+SLIDING = [(case, case_id) for case, case_id in zip(LAYERS, LAYER_IDS) if layer_of(*case).sliding_window]
+
+
+def random_input(module, dtype=torch.float64, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(B, T, module.hidden_size, generator=generator, dtype=torch.float64).to(dtype)
+
+
+# transformers' own layers (the test-only extra).
+
+def hf():
+    """transformers, or a skip: only the comparisons with its layers need it."""
+    return pytest.importorskip("transformers")
 
 
 @dataclasses.dataclass
@@ -64,35 +119,15 @@ class Run:
 
 
 @functools.cache
-def config_of(name):
-    """transformers' config object of `CASES[name]`."""
-    model_type, fields = CASES[name]
-    return transformers.AutoConfig.for_model(model_type, **{**TINY, **fields})
-
-
-def layer_of(name, layer_idx):
-    """Our layer `layer_idx` of `CASES[name]`, float64, untrained."""
-    return MODELS[config_of(name).model_type].from_config(config_of(name), layer_idx).to(torch.float64)
-
-
-# Llama 4 is left out: it normalises q and k (an L2 norm, in float32) and rotates them in complex float32.
-NORMLESS = [(case, case_id) for case, case_id in zip(LAYERS, LAYER_IDS)
-            if not hasattr(layer_of(*case), "q_norm") and case[0] != "llama4_text"]
-CHUNKED = [(case, case_id) for case, case_id in zip(LAYERS, LAYER_IDS)
-           if getattr(layer_of(*case), "attention_chunk_size", None)]
-SLIDING = [(case, case_id) for case, case_id in zip(LAYERS, LAYER_IDS) if layer_of(*case).sliding_window]
-
-
-@functools.cache
 def run_model(name):
     """The tiny model of `CASES[name]`, every parameter randomised, run once on random tokens with hooks."""
     model_type = CASES[name][0]
-    config = config_of(name)
+    config = hf().AutoConfig.for_model(**config_of(name))
     # Their experts' grouped_mm has no float64.
     extra = {"experts_implementation": "eager"} if model_type in ("gpt_oss", "llama4_text") else {}
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float64,
-                                                          **extra).eval()
+    model = hf().AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float64,
+                                                  **extra).eval()
     with torch.no_grad():
         for pname, param in model.named_parameters():  # norm weights and sinks too
             param.normal_(0.0, 2.0 if pname.endswith("sinks") else 0.5)
@@ -107,26 +142,17 @@ def run_model(name):
 
 
 def layer_pair(name, layer_idx):
-    """transformers' attention layer of `CASES[name]` and ours, built from the same config, with its weights."""
-    run = run_model(name)
-    hf_layer = run.model.model.layers[layer_idx].self_attn
-    module = MODELS[run.config.model_type].from_config(run.config, layer_idx).to(torch.float64)
+    """transformers' attention layer of `CASES[name]` and ours, ours built from the plain configuration, with its weights."""
+    hf_layer = run_model(name).model.model.layers[layer_idx].self_attn
+    module = MODELS[CASES[name][0]].from_config(config_of(name), layer_idx).to(torch.float64)
     module.load_state_dict(hf_layer.state_dict())
     return hf_layer, module
 
 
-def reference_kwargs(module, length=T):
-    """`reference_model_attention`'s keywords for `module` over `length` positions, from the layer's attributes."""
-    return model_reference_kwargs(module, torch.arange(length))
-
-
-def random_input(module, dtype=torch.float64, seed=1):
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randn(B, T, module.hidden_size, generator=generator, dtype=torch.float64).to(dtype)
-
-
 @pytest.mark.parametrize("name,layer_idx", LAYERS, ids=LAYER_IDS)
 def test_layer_equals_transformers_layer(name, layer_idx):
+    """Built from the plain configuration, our layer is transformers' (built from the same fields): same kind of layer,
+    same output for the input the tiny model gave it."""
     run = run_model(name)
     hf_layer, module = layer_pair(name, layer_idx)
     assert isinstance(module, ModelAttention)
@@ -161,16 +187,30 @@ def test_transformers_differs_only_by_its_float32_steps(name, layer_idx, monkeyp
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
 
 
+def test_without_transformers_only_its_comparisons_skip():
+    """The file does not skip whole without transformers: hidden (an import that fails), every test but the
+    comparisons with its layers is still collected and run."""
+    code = ("import sys, pytest; sys.modules['transformers'] = None; "
+            "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '--collect-only', 'tests/test_models.py']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    collected = [line for line in done.stdout.splitlines() if "::test_" in line]
+    assert len(collected) > 200 and any("float64_reference" in line for line in collected), done.stdout[-3000:]
+
+
+# Against the float64 reference, set from the configuration (no transformers needed).
+
 @pytest.mark.parametrize("name,layer_idx", LAYERS, ids=LAYER_IDS)
 def test_forward_and_gradients_equal_float64_reference(name, layer_idx):
-    _, module = layer_pair(name, layer_idx)
+    module = layer_of(name, layer_idx)
     x = random_input(module).requires_grad_(True)
     grad_out = torch.randn(B, T, module.hidden_size, dtype=torch.float64)
     out = module(x)
     (out * grad_out).sum().backward()
     state = {pname: param.detach().clone().requires_grad_(True) for pname, param in module.named_parameters()}
     x_ref = x.detach().clone().requires_grad_(True)
-    expected, _ = reference_model_attention(x_ref, state, **reference_kwargs(module))
+    expected, _ = reference_model_attention(x_ref, state, **reference_kwargs(name, layer_idx))
     (expected * grad_out).sum().backward()
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
     torch.testing.assert_close(x.grad, x_ref.grad, rtol=0, atol=1e-11)
@@ -178,23 +218,52 @@ def test_forward_and_gradients_equal_float64_reference(name, layer_idx):
         torch.testing.assert_close(param.grad, state[pname].grad, rtol=1e-10, atol=1e-10, msg=pname)
 
 
+# A setting the layer computes wrongly, each as a plausible slip: (case, layer, attribute, its wrong value).
+WRONG_SETTINGS = [
+    ("gemma2", 0, "scaling", lambda module: module.head_dim ** -0.5),  # not query_pre_attn_scalar ** -0.5
+    ("gemma3_text", 2, "scaling", lambda module: module.head_dim ** -0.5),
+    ("gemma2", 0, "attn_logit_softcapping", lambda module: 50.0),  # the published cap, not the config's
+    ("mistral", 0, "sliding_window", lambda module: module.sliding_window + 1),
+    ("qwen3", 1, "sliding_window", lambda module: module.sliding_window - 1),
+    ("llama4_text", 0, "attention_chunk_size", lambda module: 3),
+    ("qwen2", 0, "attention_scaling", lambda module: 1.0),  # YaRN's 0.1 ln(factor) + 1 forgotten
+    ("llama", 0, "inv_freq", lambda module: module.inv_freq * 8.0),  # Llama 3.1's stretch undone
+    ("gemma3_text", 0, "inv_freq", lambda module: module.inv_freq / 8.0),  # the global layers' linear stretch, locally
+    ("llama4_text", 1, "floor_scale", lambda module: 8192),  # the published floor: no temperature within 11 tokens
+]
+
+
+@pytest.mark.parametrize("name,layer_idx,attribute,wrong", WRONG_SETTINGS,
+                         ids=[f"{case[0]}-{case[1]}-{case[2]}" for case in WRONG_SETTINGS])
+def test_a_setting_the_layer_computes_wrongly_differs_from_the_reference(name, layer_idx, attribute, wrong):
+    """The reference takes its scale, window, chunk, soft-cap, RoPE frequencies and query temperature from the
+    configuration, not from the layer under test: a layer holding a wrong one no longer equals it."""
+    module = layer_of(name, layer_idx)
+    x = random_input(module)
+    expected, _ = reference_model_attention(x, module.state_dict(), **reference_kwargs(name, layer_idx))
+    with torch.no_grad():
+        torch.testing.assert_close(module(x), expected, rtol=0, atol=1e-12)
+        setattr(module, attribute, wrong(module))
+        module.rope_tables = {}  # the rotary tables are cached per device from inv_freq
+        assert (module(x) - expected).abs().max() > 1e-4
+
+
 @pytest.mark.parametrize("name,layer_idx", LAYERS, ids=LAYER_IDS)
 def test_float32_layer_within_the_float32_tolerance_of_the_reference(name, layer_idx):
-    _, module = layer_pair(name, layer_idx)
-    module = module.to(torch.float32)
+    module = layer_of(name, layer_idx).to(torch.float32)
     x = random_input(module, torch.float32)
     with torch.no_grad():
         out = module(x)
-    expected, _ = reference_model_attention(x, module.state_dict(), **reference_kwargs(module))
+    expected, _ = reference_model_attention(x, module.state_dict(), **reference_kwargs(name, layer_idx))
     torch.testing.assert_close(out.double(), expected, **tolerance("cpu", torch.float32))
 
 
 @pytest.mark.parametrize("name,layer_idx", [case for case, _ in SLIDING], ids=[case_id for _, case_id in SLIDING])
 def test_a_sliding_layer_sees_only_its_window(name, layer_idx):
     """The window changes the output (the sequence is longer than it), and exactly as the reference's mask says."""
-    _, module = layer_pair(name, layer_idx)
+    module = layer_of(name, layer_idx)
     x = random_input(module)
-    kwargs = reference_kwargs(module)
+    kwargs = reference_kwargs(name, layer_idx)
     with torch.no_grad():
         out = module(x)
     windowed, weights = reference_model_attention(x, module.state_dict(), **kwargs)
@@ -202,21 +271,21 @@ def test_a_sliding_layer_sees_only_its_window(name, layer_idx):
     torch.testing.assert_close(out, windowed, rtol=0, atol=1e-12)
     assert (out - unwindowed).abs().max() > 1e-3
     seen = (weights[0, 0] > 0).sum(dim=-1)  # keys each query attends to
-    assert seen.tolist() == [min(i + 1, module.sliding_window) for i in range(T)]
+    assert seen.tolist() == [min(i + 1, config_of(name)["sliding_window"]) for i in range(T)]
 
 
 @pytest.mark.parametrize("name,layer_idx", [case for case, _ in CHUNKED], ids=[case_id for _, case_id in CHUNKED])
 def test_a_chunked_layer_sees_only_its_chunk(name, layer_idx):
-    _, module = layer_pair(name, layer_idx)
+    module = layer_of(name, layer_idx)
     x = random_input(module)
     with torch.no_grad():
         out = module(x)
-    chunked, weights = reference_model_attention(x, module.state_dict(), **reference_kwargs(module))
-    unchunked, _ = reference_model_attention(x, module.state_dict(), **{**reference_kwargs(module), "chunk": None})
+    chunked, weights = reference_model_attention(x, module.state_dict(), **reference_kwargs(name, layer_idx))
+    unchunked, _ = reference_model_attention(x, module.state_dict(), **{**reference_kwargs(name, layer_idx), "chunk": None})
     torch.testing.assert_close(out, chunked, rtol=0, atol=1e-12)
     assert (out - unchunked).abs().max() > 1e-3
     seen = (weights[0, 0] > 0).sum(dim=-1)  # keys each query attends to
-    assert seen.tolist() == [i % module.attention_chunk_size + 1 for i in range(T)]
+    assert seen.tolist() == [i % config_of(name)["attention_chunk_size"] + 1 for i in range(T)]
 
 
 SCHEDULES = {"prefill": [T], "steps": [1] * T, "prompt_then_steps": [5] + [1] * (T - 5), "chunks": [3, 4, 4]}
@@ -225,7 +294,7 @@ SCHEDULES = {"prefill": [T], "steps": [1] * T, "prompt_then_steps": [5] + [1] * 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("name,layer_idx", LAYERS, ids=LAYER_IDS)
 def test_cached_decoding_equals_the_full_forward(name, layer_idx, schedule):
-    _, module = layer_pair(name, layer_idx)
+    module = layer_of(name, layer_idx)
     x = random_input(module)
     cache = module.new_cache(B, capacity=16)
     with torch.no_grad():
@@ -249,17 +318,16 @@ DECODE_KERNEL_LAYERS = [(case, case_id) for case, case_id in zip(LAYERS, LAYER_I
 @pytest.mark.parametrize("name,layer_idx", [case for case, _ in DECODE_KERNEL_LAYERS],
                          ids=[case_id for _, case_id in DECODE_KERNEL_LAYERS])
 def test_each_decode_kernel_continues_the_full_forward(name, layer_idx, schedule, decode_kernel):
-    """A layer on SDPA decodes through SDPA or the grouped matmuls (`decode_kernel`), each equal to the full forward
-    (its window, chunk, norms, scale and positions included); the grouped matmuls run where they are asked for."""
-    import attention.causal.gqa as gqa
-
-    _, module = layer_pair(name, layer_idx)
-    module.decode_kernel = decode_kernel
+    """A layer on SDPA decodes through SDPA or the grouped matmuls (`decode_kernel`, a `from_config` argument), each
+    equal to the full forward (its window, chunk, norms, scale and positions included); the grouped matmuls run where
+    they are asked for."""
+    module = layer_of(name, layer_idx, decode_kernel=decode_kernel)
+    assert module.decode_kernel == decode_kernel
     x = random_input(module)
     calls = []
-    original = gqa.grouped_decode_attention
+    original = kernels.grouped_decode_attention
     with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gqa, "grouped_decode_attention", lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs))
+        patch.setattr(kernels, "grouped_decode_attention", lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs))
         full = module(x)
         cache, pieces, start = module.new_cache(B, capacity=16), [], 0
         for length in SCHEDULES[schedule]:
@@ -270,13 +338,11 @@ def test_each_decode_kernel_continues_the_full_forward(name, layer_idx, schedule
 
 
 def test_the_auto_decode_kernel_takes_the_grouped_matmuls_for_a_few_tokens_on_cpu(monkeypatch):
-    import attention.causal.gqa as gqa
-
-    _, module = layer_pair("llama", 0)
+    module = layer_of("llama", 0)
     assert module.decode_kernel == "auto"
     calls = []
-    original = gqa.grouped_decode_attention
-    monkeypatch.setattr(gqa, "grouped_decode_attention", lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs))
+    original = kernels.grouped_decode_attention
+    monkeypatch.setattr(kernels, "grouped_decode_attention", lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs))
     x = random_input(module)
     with torch.no_grad():
         module(x)  # no cache: SDPA
@@ -284,10 +350,20 @@ def test_the_auto_decode_kernel_takes_the_grouped_matmuls_for_a_few_tokens_on_cp
         module(x[:, :1], cache=cache)
         assert calls == [1]
         module(torch.cat([x] * 2, dim=1), cache=cache)  # 22 new tokens: past AUTO_MATMUL_MAX_TOKENS, SDPA
-        assert calls == [1] and gqa.AUTO_MATMUL_MAX_TOKENS < 2 * T
-        module.decode_kernel = "flash"
+        assert calls == [1] and AUTO_MATMUL_MAX_TOKENS < 2 * T
+
+
+def test_the_decode_kernel_is_chosen_at_construction():
+    """`decode_kernel` is a `from_config` argument, checked there (before any weight is made); a layer whose forward
+    writes its softmax out (Gemma 2's soft-cap, gpt-oss's sinks) has no such choice and takes no such argument."""
+    for name in ("llama", "qwen3", "olmo2", "gemma3_text", "llama4_text"):
+        config = config_of(name)
+        assert MODELS[config["model_type"]].from_config(config, 0, decode_kernel="sdpa").decode_kernel == "sdpa"
         with pytest.raises(ValueError, match="decode_kernel must be one of .* got decode_kernel='flash'"):
-            module(x[:, :1], cache=cache)
+            MODELS[config["model_type"]].from_config(config, 0, decode_kernel="flash")
+    for name in ("gemma2", "gpt_oss"):
+        with pytest.raises(TypeError, match="decode_kernel"):
+            MODELS[name].from_config(config_of(name), 0, decode_kernel="sdpa")
 
 
 @pytest.mark.parametrize("name,layer_idx", LAYERS, ids=LAYER_IDS)
@@ -296,10 +372,9 @@ def test_a_decoding_step_reads_the_cache_where_it_lies(name, layer_idx):
     and values (a batched matmul broadcasting K/V heads over their query heads would: `group` copies of the cache)."""
     from attention.bench.metrics import profile_call
 
-    model_type, fields = CASES[name]
-    wide = {key: 4096 for key in ("sliding_window", "attention_chunk_size") if key in fields}  # windows over the cache
-    config = transformers.AutoConfig.for_model(model_type, **{**TINY, **fields, **wide, "head_dim": 64})
-    module = MODELS[model_type].from_config(config, layer_idx)
+    config = config_of(name)
+    config.update({key: 4096 for key in ("sliding_window", "attention_chunk_size") if key in config}, head_dim=64)
+    module = MODELS[config["model_type"]].from_config(config, layer_idx)
     cache = module.new_cache(B, capacity=2049)
     x = torch.randn(B, 2048, module.hidden_size)
     with torch.no_grad():
@@ -314,7 +389,7 @@ def test_a_decoding_step_reads_the_cache_where_it_lies(name, layer_idx):
 
 @pytest.mark.parametrize("name,layer_idx", LAYERS, ids=LAYER_IDS)
 def test_a_rewound_cache_repeats_the_step(name, layer_idx):
-    _, module = layer_pair(name, layer_idx)
+    module = layer_of(name, layer_idx)
     x = random_input(module)
     cache = module.new_cache(B, capacity=16)
     with torch.no_grad():
@@ -326,7 +401,7 @@ def test_a_rewound_cache_repeats_the_step(name, layer_idx):
 
 
 def test_a_sliding_layer_given_a_capacity_within_its_window_keeps_a_full_cache():
-    _, module = layer_pair("gemma2", 0)
+    module = layer_of("gemma2", 0)
     cache = module.new_cache(B, capacity=3)  # window 4
     with torch.no_grad():
         module(random_input(module)[:, :3], cache=cache)
@@ -355,16 +430,16 @@ def test_a_config_missing_a_field_names_it():
 
 def test_a_config_of_another_family_is_refused():
     with pytest.raises(ValueError, match="model_type='gemma2'"):
-        MODELS["llama"].from_config(run_model("gemma2").config, 0)
+        MODELS["llama"].from_config(config_of("gemma2"), 0)
 
 
 def test_a_layer_index_outside_the_model_is_refused():
     with pytest.raises(ValueError, match="layer_idx"):
-        MODELS["llama"].from_config(run_model("llama").config, 2)
+        MODELS["llama"].from_config(config_of("llama"), 2)
 
 
 def test_a_state_dict_that_does_not_fit_names_the_key_and_both_shapes():
-    _, module = layer_pair("qwen3", 0)
+    module = layer_of("qwen3", 0)
     state = dict(module.state_dict())
     state["k_norm.weight"] = torch.ones(16)
     with pytest.raises(ValueError, match=r"k_norm.weight has shape \(16,\), the layer's is \(8,\)"):
@@ -375,8 +450,8 @@ def test_a_state_dict_that_does_not_fit_names_the_key_and_both_shapes():
 
 
 def test_a_cache_from_another_layer_is_refused():
-    _, layer0 = layer_pair("gemma3_text", 0)
-    _, layer1 = layer_pair("gemma3_text", 1)  # the same kind (local) and shape: only the owner tells them apart
+    layer0 = layer_of("gemma3_text", 0)
+    layer1 = layer_of("gemma3_text", 1)  # the same kind (local) and shape: only the owner tells them apart
     cache = layer0.new_cache(B, capacity=16)
     with torch.no_grad(), pytest.raises(ValueError, match="layer 0"):
         layer1(random_input(layer1)[:, :1], cache=cache)
@@ -386,7 +461,7 @@ def test_a_cache_from_another_layer_is_refused():
 
 
 def test_bad_inputs_get_clear_errors():
-    _, module = layer_pair("llama", 0)
+    module = layer_of("llama", 0)
     with pytest.raises(ValueError, match="hidden_size=32"):
         module(torch.randn(B, T, 16, dtype=torch.float64))
     with pytest.raises(TypeError, match="floating"):
@@ -547,7 +622,7 @@ def test_x_of_another_dtype_than_the_layer_is_refused_naming_both(name):
 
 
 def test_under_autocast_x_may_differ_from_the_weights():
-    module = layer_of("llama", 0).to(torch.float32).requires_grad_(False)
+    module = MODELS["llama"].from_config(config_of("llama"), 0).requires_grad_(False)  # nn.Linear's small weights
     x = torch.randn(B, T, module.hidden_size)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = module(x.bfloat16())
@@ -565,12 +640,11 @@ FLEX_LAYERS = [("gemma2", 0), ("gemma2", 1), ("gpt_oss", 0), ("llama4_text", 0)]
 def test_flex_forward_equals_the_reference(name, layer_idx):
     from attention.models.flex import flex_forward
 
-    _, module = layer_pair(name, layer_idx)
-    module = module.to(torch.float32)
+    module = layer_of(name, layer_idx).to(torch.float32)
     x = random_input(module, torch.float32)
     with torch.no_grad():
         fused, own = flex_forward(module, x), module(x)
-    expected, _ = reference_model_attention(x, module.state_dict(), **reference_kwargs(module))
+    expected, _ = reference_model_attention(x, module.state_dict(), **reference_kwargs(name, layer_idx))
     torch.testing.assert_close(fused.double(), expected, **tolerance("cpu", torch.float32))
     torch.testing.assert_close(fused, own, **tolerance("cpu", torch.float32))
 
@@ -578,7 +652,7 @@ def test_flex_forward_equals_the_reference(name, layer_idx):
 def test_flex_forward_refuses_what_compiled_cpu_flex_cannot_do():
     from attention.models.flex import flex_forward
 
-    _, module = layer_pair("gemma2", 0)
+    module = layer_of("gemma2", 0)
     with pytest.raises(ValueError, match="float64"):
         flex_forward(module, random_input(module))
     module = module.to(torch.float32)
@@ -617,6 +691,7 @@ def test_a_published_config_builds_every_layer_as_transformers_reads_it(model):
     from attention.models.published import PUBLISHED
 
     fields = PUBLISHED[model]["config"]
+    transformers = hf()
     hf_config = transformers.AutoConfig.for_model(**fields)
     package, prefix = HF_CLASSES[fields["model_type"]]
     modeling = importlib.import_module(f"transformers.models.{package}.modeling_{package}")
@@ -647,7 +722,7 @@ def test_a_published_config_builds_every_layer_as_transformers_reads_it(model):
 
 
 def test_a_cache_of_another_shape_or_window_is_refused():
-    _, module = layer_pair("gemma2", 0)  # window 4, 2 K/V heads of 8
+    module = layer_of("gemma2", 0)  # window 4, 2 K/V heads of 8
     with torch.no_grad():
         x = random_input(module)[:, :1]
         for cache in (KVCache(B, 1, module.head_dim, 16, dtype=torch.float64),
@@ -664,11 +739,10 @@ def test_a_cache_of_another_shape_or_window_is_refused():
 def test_on_cuda_the_layer_its_cache_and_flex_equal_the_reference(name, layer_idx):
     from attention.models.flex import flex_forward
 
-    _, module = layer_pair(name, layer_idx)
-    module = module.to("cuda", torch.float32)
+    module = layer_of(name, layer_idx).to("cuda", torch.float32)
     x = random_input(module, torch.float32).cuda()
     expected, _ = reference_model_attention(x.cpu(), {k: v.cpu() for k, v in module.state_dict().items()},
-                                            **reference_kwargs(module))
+                                            **reference_kwargs(name, layer_idx))
     with torch.no_grad():
         cache = module.new_cache(B, capacity=16)
         steps = torch.cat([module(x[:, :5], cache=cache)] + [module(x[:, t:t + 1], cache=cache) for t in range(5, T)], 1)

@@ -180,15 +180,16 @@ def test_show_source_prints_the_file_and_the_dedented_source(capsys):
     assert out.endswith("return \" \".join(text.split())  # one line: titles may hold newlines\n\n")
 
 
-def test_show_shape_puts_the_shapes_first_in_aligned_columns(capsys):
+def test_show_shape_puts_the_label_on_its_own_line_and_the_shapes_in_aligned_columns(capsys):
+    """The label came third, after 42 columns of shapes: off-screen on a phone, which left the shapes anonymous."""
     display.show_shape("x", torch.zeros(2, 4, 6), "(B, T, d_in)")
     display.show_shape("q = query(x).view(B, T, H, D).transpose(1, 2)", torch.zeros(2, 2, 4, 3), "(B, H, T, D)")
     display.show_shape("mask", dense_mask(causal, 4, 4), "(T, T)")
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "(2, 4, 6)" + " " * 8 + "(B, T, d_in)" + " " * 13 + "x"
-    assert lines[1].index("(B, H, T, D)") == lines[0].index("(B, T, d_in)") == 17
-    assert lines[1].index("q = query") == lines[0].index("x") == lines[2].index("mask") == 42
-    assert lines[2].startswith("(4, 4)")
+    assert lines[::2] == ["x", "q = query(x).view(B, T, H, D).transpose(1, 2)", "mask"]
+    assert lines[1] == "    (2, 4, 6)" + " " * 8 + "(B, T, d_in)"
+    assert lines[3].index("(B, H, T, D)") == lines[1].index("(B, T, d_in)") == lines[5].index("(T, T)") == 21
+    assert lines[5].startswith("    (4, 4) ")
 
 
 def test_text_helpers_display_markdown_in_ipython():
@@ -229,6 +230,19 @@ def test_log_scale_weights_tell_small_weights_apart():
     assert small != tiny and image.norm.vmin == plotting.LOG_SCALE_FLOOR
     with pytest.raises(ValueError, match="head_titles must name the 1 heads"):
         plotting.plot_attention_weights(weights, head_titles=["a", "b"])
+
+
+def test_log_scale_weights_draw_masked_pairs_grey_not_like_the_smallest_weights():
+    """The ALiBi figure drew the masked future and the smallest weights in the same black."""
+    from matplotlib.colors import to_rgba
+
+    weights = torch.tensor([[[1.0, 0.0], [0.9999, 0.0001]]])  # (H, Tq, Tk): pair (0, 1) masked, (1, 1) below the floor
+    fig = plotting.plot_attention_weights(weights, log_scale=True)
+    image = fig.axes[0].images[0]
+    drawn = image.to_rgba(image.get_array())  # (Tq, Tk, 4): the colours on the figure
+    assert tuple(drawn[0, 1]) == to_rgba(plotting.MASKED_GREY)
+    assert tuple(drawn[1, 1]) == to_rgba("black") != tuple(drawn[0, 1])
+    assert "grey: masked" in fig.axes[-1].get_ylabel()
 
 
 def test_sweep_chart_guides_start_at_the_data():

@@ -24,7 +24,8 @@ from attention.reference import (
     reference_alibi_slopes,
     reference_attention,
     reference_causal_self_attention,
-    rotate_pairs,
+    reference_rope,
+    rope_frequencies,
 )
 from attention.registry import IMPLEMENTATIONS
 
@@ -69,7 +70,7 @@ def test_rotary_preserves_norms_and_matches_the_reference_rotation():
     x = torch.randn(2, 3, 9, 8, dtype=torch.float64)
     rotated = RotaryEmbedding(head_dim=8)(x)
     torch.testing.assert_close(rotated.norm(dim=-1), x.norm(dim=-1))
-    torch.testing.assert_close(rotated, rotate_pairs(x, 10000.0), atol=1e-6, rtol=1e-6)  # angles in float32
+    torch.testing.assert_close(rotated, rotated_pairs(x), atol=1e-6, rtol=1e-6)  # angles in float32
     torch.testing.assert_close(rotary_angles(9, 8), torch.arange(9.0, dtype=torch.float64)[:, None] * 10000.0 ** (-torch.arange(0, 8, 2) / 8))
 
 
@@ -81,6 +82,11 @@ def test_rotary_scores_depend_only_on_relative_position():
     for shift in (1, 13, 100):
         shifted = rope(q, offset=shift) @ rope(k, offset=shift).transpose(-2, -1)  # positions shift..shift+5
         torch.testing.assert_close(shifted, scores, atol=1e-4, rtol=1e-4)  # angles in float32
+
+
+def rotated_pairs(x, base=10000.0):
+    """The reference's rotation of `x` `(B, H, T, D)` at positions 0 .. T-1, pairs `(i, i + D/2)`."""
+    return reference_rope(x, torch.arange(x.shape[-2]), rope_frequencies(x.shape[-1], {"rope_theta": base})[0])
 
 
 def rotate_interleaved(x, base=10000.0):
@@ -101,7 +107,7 @@ def test_rotate_half_equals_interleaved_up_to_a_reordering_of_features():
     # The claim of attention/positional/rotary.py: the two layouts differ by a fixed permutation.
     x = torch.randn(2, 3, 9, 8, dtype=torch.float64)
     order = torch.tensor([0, 2, 4, 6, 1, 3, 5, 7])  # interleaved feature 2i + j -> rotate-half feature i + j*D/2
-    torch.testing.assert_close(rotate_pairs(x[..., order], 10000.0), rotate_interleaved(x)[..., order])
+    torch.testing.assert_close(rotated_pairs(x[..., order]), rotate_interleaved(x)[..., order])
     torch.testing.assert_close(RotaryEmbedding(head_dim=8)(x[..., order]), rotate_interleaved(x)[..., order],
                                atol=1e-6, rtol=1e-6)  # angles in float32
 

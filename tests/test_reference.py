@@ -83,30 +83,31 @@ def test_module_reference_accepts_grouped_query_weights():
 
 
 def test_rotary_rotate_half_and_interleaved_layouts_turn_each_pair_by_its_angle():
-    from attention.reference import apply_rotary, rope_inverse_frequencies, rotate_pairs
+    from attention.reference import reference_rope, rope_frequencies
 
     x = torch.randn(1, 2, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    inverse, factor = rope_inverse_frequencies(8, 10000.0)
+    inverse, factor = rope_frequencies(8, {"rope_theta": 10000.0})
     assert factor == 1.0
     torch.testing.assert_close(inverse, 10000.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8), rtol=0, atol=0)
     angles = torch.arange(5, dtype=torch.float64)[:, None] * inverse[None, :]  # (T, 4)
     turn = torch.polar(torch.ones_like(angles), angles)
     half = torch.view_as_real(torch.complex(x[..., :4], x[..., 4:]) * turn)  # pair (i, i + 4) as one complex number
-    torch.testing.assert_close(rotate_pairs(x, 10000.0), torch.cat([half[..., 0], half[..., 1]], -1), rtol=0, atol=1e-14)
+    torch.testing.assert_close(reference_rope(x, torch.arange(5), inverse), torch.cat([half[..., 0], half[..., 1]], -1),
+                               rtol=0, atol=1e-14)
     interleaved = torch.view_as_real(torch.view_as_complex(x.reshape(1, 2, 5, 4, 2).contiguous()) * turn).flatten(-2)
-    torch.testing.assert_close(apply_rotary(x, torch.arange(5), inverse, interleaved=True), interleaved, rtol=0, atol=1e-14)
-    partial = apply_rotary(x, torch.arange(5), inverse[:2], attention_factor=2.0)  # 4 of 8 features rotate
+    torch.testing.assert_close(reference_rope(x, torch.arange(5), inverse, interleaved=True), interleaved, rtol=0, atol=1e-14)
+    partial = reference_rope(x, torch.arange(5), inverse[:2], attention_factor=2.0)  # 4 of 8 features rotate
     torch.testing.assert_close(partial[..., 4:], x[..., 4:], rtol=0, atol=0)
     assert not torch.allclose(partial[..., :4], x[..., :4])
 
 
 def test_llama3_scaling_keeps_fast_pairs_divides_slow_ones_and_blends_between():
-    from attention.reference import rope_inverse_frequencies
+    from attention.reference import rope_frequencies
 
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
-    plain, _ = rope_inverse_frequencies(128, 500000.0)
-    scaled, factor = rope_inverse_frequencies(128, 500000.0, scaling)
+    plain, _ = rope_frequencies(128, {"rope_theta": 500000.0})
+    scaled, factor = rope_frequencies(128, {**scaling, "rope_theta": 500000.0})
     wavelength = 2 * math.pi / plain
     fast, slow = wavelength < 8192 / 4, wavelength > 8192 / 1
     assert fast.any() and slow.any() and (~fast & ~slow).any() and factor == 1.0
@@ -117,18 +118,19 @@ def test_llama3_scaling_keeps_fast_pairs_divides_slow_ones_and_blends_between():
 
 
 def test_yarn_attention_factor_and_ramp():
-    from attention.reference import rope_inverse_frequencies
+    from attention.reference import rope_frequencies
 
-    plain, _ = rope_inverse_frequencies(64, 150000.0)
+    plain, _ = rope_frequencies(64, {"rope_theta": 150000.0})
     scaling = {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "truncate": False}
-    scaled, factor = rope_inverse_frequencies(64, 150000.0, scaling)
+    scaled, factor = rope_frequencies(64, {**scaling, "rope_theta": 150000.0})
     assert factor == pytest.approx(0.1 * math.log(32.0) + 1)
     torch.testing.assert_close(scaled[:3], plain[:3], rtol=0, atol=0)  # fast pairs turn 32+ times: kept
     torch.testing.assert_close(scaled[-3:], plain[-3:] / 32, rtol=1e-12, atol=0)  # slow pairs: interpolated
-    _, ratio = rope_inverse_frequencies(64, 10000.0, {**scaling, "factor": 40.0, "mscale": 0.707, "mscale_all_dim": 1.0})
+    _, ratio = rope_frequencies(64, {**scaling, "rope_theta": 10000.0, "factor": 40.0, "mscale": 0.707,
+                                     "mscale_all_dim": 1.0})
     assert ratio == pytest.approx((0.1 * 0.707 * math.log(40) + 1) / (0.1 * math.log(40) + 1))
     with pytest.raises(ValueError, match="rope scaling type"):
-        rope_inverse_frequencies(64, 10000.0, {"rope_type": "longrope", "factor": 2.0})
+        rope_frequencies(64, {"rope_type": "longrope", "rope_theta": 10000.0, "factor": 2.0})
 
 
 @pytest.mark.parametrize("model_type, parameters", [
@@ -144,12 +146,12 @@ def test_rope_frequencies_match_transformers(model_type, parameters):
     transformers = pytest.importorskip("transformers")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from attention.reference import rope_inverse_frequencies
+    from attention.reference import rope_frequencies
 
     config = transformers.AutoConfig.for_model(model_type, hidden_size=256, num_attention_heads=4, head_dim=64,
                                                qk_rope_head_dim=64, max_position_embeddings=131072,
                                                rope_parameters=parameters)
     theirs, their_factor = ROPE_INIT_FUNCTIONS[parameters["rope_type"]](config, "cpu")
-    ours, our_factor = rope_inverse_frequencies(2 * theirs.shape[0], parameters["rope_theta"], config.rope_parameters)
+    ours, our_factor = rope_frequencies(2 * theirs.shape[0], config.rope_parameters)
     torch.testing.assert_close(ours, theirs.to(torch.float64), rtol=1e-6, atol=0)  # theirs is float32
     assert our_factor == pytest.approx(their_factor, rel=1e-12)

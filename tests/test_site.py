@@ -513,6 +513,52 @@ def test_copy_buttons_copy_the_code(walk, new_context):
 
 
 # ----------------------------------------------------------------------------------------------
+# Page length and tables at desktop width (issue 45)
+# ----------------------------------------------------------------------------------------------
+
+# At 1280 px: a teaching page (examples/) at most this tall, the Benchmarks page (every device's runs) at most that.
+TEACHING_PAGE_MAX_PX, BENCHMARKS_PAGE_MAX_PX = 12_000, 16_000
+# Teaching pages still taller than TEACHING_PAGE_MAX_PX while they are being shortened: each must come off this list
+# once it fits (the test says so), and the list is then empty.
+TALLER_FOR_NOW = {"examples/kv_cache/", "examples/mla/", "examples/models/"}
+# The page's height, and the visible tables wider than the text column they sit in (their first header cells).
+PAGE_SIZE_JS = """() => ({
+  height: document.documentElement.scrollHeight,
+  wide: [...document.querySelectorAll('.md-content table')]
+    .filter((t) => t.checkVisibility() && t.scrollWidth > t.closest('.md-typeset').clientWidth + 2)
+    .map((t) => [...t.querySelectorAll('th')].slice(0, 3).map((th) => th.textContent.trim()).join(' | ')),
+})"""
+
+
+def _page_size(page, url):
+    page.goto(url)
+    page.evaluate(CHECK_IMAGES_JS, IMAGE_TIMEOUT_MS)  # figures at their laid-out size
+    return page.evaluate(PAGE_SIZE_JS)
+
+
+def test_the_benchmarks_page_fits_a_desktop(walk, new_context):
+    """At 1280 px the Benchmarks page is at most 16,000 px tall, and no table in view is cut off at its column."""
+    url = _benchmark_page(walk)
+    context, recorder = new_context()
+    size = _page_size(context.new_page(), url)
+    assert size["height"] <= BENCHMARKS_PAGE_MAX_PX, f"{walk.rel(url)} is {size['height']:,} px tall at 1280 px"
+    assert size["wide"] == [], f"tables wider than the text column of {walk.rel(url)}: {size['wide']}"
+    recorder.assert_clean("the Benchmarks page's size")
+
+
+def test_teaching_pages_are_at_most_12000_px_tall(walk, new_context):
+    context, recorder = new_context()
+    page = context.new_page()
+    heights = {walk.rel(url): _page_size(page, url)["height"] for url in walk.pages if walk.rel(url).startswith("examples/")}
+    assert heights, "no page under examples/ was walked"
+    too_tall = {rel: height for rel, height in heights.items() if height > TEACHING_PAGE_MAX_PX and rel not in TALLER_FOR_NOW}
+    assert too_tall == {}, f"teaching pages taller than {TEACHING_PAGE_MAX_PX:,} px at 1280 px: {too_tall}"
+    fit_now = sorted(rel for rel in TALLER_FOR_NOW if heights.get(rel, 0) <= TEACHING_PAGE_MAX_PX)
+    assert fit_now == [], f"take these pages off TALLER_FOR_NOW, they fit now: {fit_now}"
+    recorder.assert_clean("the teaching pages' heights")
+
+
+# ----------------------------------------------------------------------------------------------
 # Screenshots for people to look at
 # ----------------------------------------------------------------------------------------------
 

@@ -292,11 +292,12 @@ def test_executed_pages_link_one_stylesheet_and_lazy_figure_files(built_site):
 
 
 @pytest.mark.slow
-def test_the_benchmarks_page_states_the_real_site_size(built_site):
+def test_the_contributing_page_states_the_real_site_size(built_site):
     site = pathlib.Path(built_site)
-    text = (site / "benchmarks" / "index.html").read_text(encoding="utf-8")
+    text = (site / "contributing" / "index.html").read_text(encoding="utf-8")
     paragraph = re.search(r'<p class="attention-site-size">.*?</p>', text, re.DOTALL)
-    assert paragraph, "the Benchmarks page does not state the site's size"
+    assert paragraph, "the Contributing page does not state the site's size"
+    assert "attention-site-size" not in (site / "benchmarks" / "index.html").read_text(encoding="utf-8")
     files = [path for path in site.rglob("*") if path.is_file()]
     total = sum(path.stat().st_size for path in files)
     pages = {path.relative_to(site).as_posix(): path.stat().st_size for path in site_pages(site)}

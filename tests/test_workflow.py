@@ -8,6 +8,7 @@ README's docs build command after the README's install.
 import pathlib
 import re
 import shutil
+import sys
 import subprocess
 
 import pytest
@@ -29,7 +30,8 @@ def steps(job):
 
 
 def linter(name):
-    path = shutil.which(name)
+    """The linter's executable: on PATH, or beside this Python (a virtual environment used without activating it)."""
+    path = shutil.which(name) or shutil.which(name, path=str(pathlib.Path(sys.executable).parent))
     if path is None:
         pytest.fail(f"{name} is not installed: it is in the test extra (pip install -e '.[test]')")
     return path

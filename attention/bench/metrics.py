@@ -41,17 +41,6 @@ def attention_flops(shape, mode):
     return {"attention": int(core), "projections": int(projections), "total": int(core + projections)}
 
 
-# Output against the float64 reference computed from the same (rounded) weights and input, so these
-# bound the arithmetic of the implementation, not the rounding of its parameters. Looser than the
-# unit tests' table because benchmark shapes are larger (longer sums, more rows).
-TOLERANCES = {
-    "float32": {"atol": 1e-4, "rtol": 1e-3},
-    "tf32": {"atol": 1e-2, "rtol": 1e-2},
-    "bfloat16": {"atol": 5e-2, "rtol": 5e-2},
-    "float16": {"atol": 1e-2, "rtol": 1e-2},
-}
-
-
 def compare_to_reference(output, reference, tolerance):
     """`(correct, max_abs_error)`: whether `|output - reference| <= atol + rtol * |reference|` holds
     everywhere (`tolerance` = `{"atol", "rtol"}`, `reference` float64 on CPU), and by how much. A wrong

@@ -17,9 +17,10 @@ from attention import files
 from attention.schema import (BOOLEAN, DATE, IDENTIFIER, LOAD, NAME, PROSE, SECONDS, VERSION, config_problems,  # noqa: F401
                               escaped, field_rules, in_range, integer, list_of, mapping, nullable, one_of, record,
                               rule_of, shown, text)
-from attention.bench.metrics import SDPA_KERNEL_PATTERNS, SDPA_OPS, TOLERANCES
+from attention.bench.metrics import SDPA_KERNEL_PATTERNS, SDPA_OPS
 from attention.bench.provenance import REPO_DIR, dependencies, source_files
 from attention.machine import RESULT_FLAGS
+from attention.reference import TOLERANCES
 
 # Bump when a field changes name or meaning, and teach `migrate` to rewrite the files of the version before.
 SCHEMA_VERSION = 3
@@ -68,7 +69,7 @@ REASON = text(f"[{REASON_CHARS}]+", "a sentence of letters, digits and punctuati
 COUNT, BYTES, MS = integer(0, 2**31), integer(0, 2**60), in_range(0, 1e9)
 POSITIVE = integer(1, 2**31)
 RATE, SHARE = in_range(0, 1e9), in_range(0, 1e4)
-DTYPE = one_of(*TOLERANCES)
+DTYPE = one_of(*dict.fromkeys(dtype for _, dtype in TOLERANCES))  # the dtypes with a tolerance
 TOLERANCE = record({"atol": in_range(0, 1), "rtol": in_range(0, 1)})
 SDPA_BACKENDS = list_of(one_of("n/a", *dict.fromkeys(SDPA_OPS.values()), *(label for label, _ in SDPA_KERNEL_PATTERNS)), 8)
 SDPA_OP_NAMES = list_of(one_of(*SDPA_OPS), 16)

@@ -33,8 +33,8 @@ class CausalSelfAttention(Protocol):
     * **Grouped-query classes** (`attention/causal/gqa.py`, `gqa_flex.py`) add a keyword-only
       `num_kv_heads` with a default; their `key.*` and `value.*` have `num_kv_heads * head_dim` rows.
     * **Decoding** (where a class supports it, `GroupedQueryAttention`): `new_cache(batch_size, capacity)`
-      makes an empty KV cache (a `DecodingCache`) and `forward(x, cache=cache)` continues the cached
-      sequence with `x`.
+      makes an empty KV cache (an `attention.decoding.DecodingCache`) and `forward(x, cache=cache)` continues
+      the cached sequence with `x`.
 
     A new implementation is one file under `attention/causal/` with a class keeping this contract,
     plus one line in `attention/registry.py`. Its small helpers (the argument checks) are marked
@@ -51,29 +51,3 @@ class CausalSelfAttention(Protocol):
     def canonical_state_dict(self) -> dict[str, torch.Tensor]: ...
 
     def load_canonical_state_dict(self, state: dict[str, torch.Tensor]) -> None: ...
-
-
-@runtime_checkable
-class DecodingCache(Protocol):
-    """What every KV cache provides (`attention.causal.gqa.KVCache`, `SlidingWindowKVCache`, and the caches
-    of the model families), so code that decodes, tests or times a cache never reads its fields.
-
-    * **`length`**: the positions seen so far; the next chunk's first token sits at position `length`.
-    * **`nbytes`**: the bytes the cache holds (its preallocated tensors).
-    * **`update(*new)`**: append one chunk (each tensor `(B, heads, T, ...)`: keys and values, or what the
-      cache keeps instead) and return what the chunk's queries attend over, ending with a boolean
-      `(T, S)` mask (True = attend) or `None` when every query attends to every key.
-    * **`rewind(length)`**: forget every position from `length` on, so the next chunk starts there
-      (a benchmark times the same step again; a generator backs out of a rejected draft).
-      `ValueError` for a length outside `[0, length]`, or where the cache no longer holds a position the
-      next query needs (a sliding window that evicted it).
-    """
-
-    length: int
-
-    @property
-    def nbytes(self) -> int: ...
-
-    def update(self, *new: torch.Tensor) -> tuple: ...
-
-    def rewind(self, length: int) -> None: ...

@@ -250,7 +250,8 @@ def record_rows(record):
         ("text", f"{record['text']['bytes']:,} bytes: {record['text']['train_bytes']:,} to train, "
                  f"{record['text']['validation_bytes']:,} held out (Python {record['python']})"),
         ("time", f"{record['training_s'] / 60:.1f} min training, {record['wall_s'] / 60:.1f} min with the final evaluation"),
-        ("machine", f"{record['cpu']}, {record['torch_num_threads']} threads, torch {record['torch']}"),
+        ("machine", f"{record['cpu']}, {record['torch_num_threads']} thread{'' if record['torch_num_threads'] == 1 else 's'}, "
+                    f"torch {record['torch']}"),
         ("load average (1, 5, 15 min)", f"before {record['load_average_before']}, after {record['load_average_after']}"),
         ("final loss (nats per byte)",
          f"train {record['final_train_loss']:.4f}, validation {record['final_validation_loss']:.4f}"),

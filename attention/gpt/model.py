@@ -172,7 +172,7 @@ class GPT(nn.Module):
         return self.head(self.ln_f(x))  # (B, T, vocab_size)
 
     def new_caches(self, batch_size, capacity=None):
-        """One empty KV cache per block (`attention.causal.DecodingCache`), for up to `capacity` positions.
+        """One empty KV cache per block (`attention.decoding.DecodingCache`), for up to `capacity` positions.
 
         `capacity` defaults to `context_length`. `ValueError` where the attention class has no cache.
         """

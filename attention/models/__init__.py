@@ -6,9 +6,10 @@ here instead of restating it. The causal family (`attention.causal.CausalSelfAtt
 separate contract: these classes mirror real models (their parameter names, configs and quirks), the
 causal classes mirror the textbook.
 
-Each file imports only torch (and the KV caches of `attention/causal/gqa.py`, which they reuse);
-small helpers repeated across files are marked copies (`# Same as attention/models/__init__.py::config_value`),
-kept identical by tests/test_copies.py.
+Each file imports only torch and the decoding family (`attention/decoding/`: the KV caches and the kernels that
+attend over them), so a copy of one runs with torch and a copy of that folder; small helpers repeated across files
+are marked copies (`# Same as attention/models/__init__.py::config_value`), kept identical by tests/test_copies.py
+(`python tests/test_copies.py --fix` rewrites them from their originals).
 """
 
 from typing import Any, Protocol, runtime_checkable
@@ -22,7 +23,7 @@ REQUIRED = object()  # `config_value`'s default: the field must be present
 class ModelAttention(Protocol):
     """What every model family's attention layer provides.
 
-    * **`cls.from_config(config, layer_idx)`**: the attention of layer `layer_idx` of a model whose
+    * **`cls.from_config(config, layer_idx, **options)`**: the attention of layer `layer_idx` of a model whose
       configuration is `config`: transformers' config object, or any object or mapping with the same
       field names (`hidden_size`, `num_attention_heads`, `num_key_value_heads`, `head_dim`, `rope_theta`
       or `rope_parameters`, `sliding_window`, `layer_types`, ...). The package never imports transformers.
@@ -33,6 +34,8 @@ class ModelAttention(Protocol):
       layer, a soft-cap of 0, an unknown `rope_type` or layer kind, `layer_types` of the wrong length) raises
       `ValueError` or `TypeError` naming the field and its value. Values transformers accepts keep its
       meaning (`num_key_value_heads` 0 or None: one per query head; Mistral's `sliding_window` 0 or None: none).
+      `options` are the class's own keywords, fixed at construction: `decode_kernel` on the layers that attend
+      through SDPA (below), `path` on MLA's.
     * **Parameters** named as transformers names them (`q_proj.weight`, `k_norm.weight`, `sinks`, ...), so
       `module.load_state_dict(hf_layer.state_dict())` loads a real checkpoint's layer unchanged. A
       state dict that does not fit raises naming the key and both shapes.
@@ -42,17 +45,21 @@ class ModelAttention(Protocol):
     * **`layer_type`**: transformers' name for the layer's kind, `"full_attention"` or
       `"sliding_attention"` (or the family's own where it has another, e.g. chunked attention).
     * **Decoding**: `module.new_cache(batch_size, capacity)` makes an empty cache
-      (`attention.causal.DecodingCache`); `module(x, cache=cache)` continues the cached sequence with
+      (`attention.decoding.DecodingCache`); `module(x, cache=cache)` continues the cached sequence with
       `x`. A local layer's cache holds at most its window, whatever `capacity`; a cache made by
       another layer (another shape or kind) is refused with `ValueError`. Layers that attend through SDPA
-      have `decode_kernel` (`"auto"`, `"sdpa"` or `"matmul"`, as `GroupedQueryAttention`): over a cache on CPU,
-      a few new tokens go through the grouped matmuls that read each K/V head once for its query heads.
+      take `decode_kernel` (`"auto"`, `"sdpa"` or `"matmul"`, as `GroupedQueryAttention`; another raises
+      `ValueError` at construction): over a cache on CPU, a few new tokens go through the grouped matmuls that
+      read each K/V head once for its query heads.
+    * **What the reference needs and no config field says**, as plain class attributes
+      (`attention.reference.model_reference_kwargs` reads them, everything else from the config): `qk_norm`
+      (None, `"head"`, `"projection"` or `"l2"`), `norm_offset` (Gemma 3: 1.0) and `rope_interleaved` (Llama 4: True).
     """
 
     layer_type: str
 
     @classmethod
-    def from_config(cls, config: Any, layer_idx: int) -> "ModelAttention": ...
+    def from_config(cls, config: Any, layer_idx: int, **options: Any) -> "ModelAttention": ...
 
     def forward(self, x: torch.Tensor, cache: Any = None) -> torch.Tensor: ...
 

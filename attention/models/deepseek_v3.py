@@ -23,7 +23,9 @@ The same class serves DeepSeek-V2 (transformers' `DeepseekV2Attention`): the lay
 parameters and arithmetic; DeepSeek-V2's rotary embedding always pairs adjacent features, and its
 config has no `rope_interleave` field, whose absence this class reads as interleaved.
 
-The end of the file counts what either path costs from a configuration (cache bytes, parameters,
+The file imports only torch and the decoding family (`attention/decoding/`: MLA's `LatentCache`); its small
+helpers (the config reader, RoPE's frequencies and rotations) are marked copies of the other families'. The end of
+the file counts what either path costs from a configuration (cache bytes, parameters,
 FLOPs, bytes a decode step moves) and holds the published configurations of DeepSeek-V2-Lite,
 DeepSeek-V3 and Kimi K2.
 """
@@ -33,6 +35,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from attention.decoding import LatentCache
 
 PATHS = ("absorbed", "naive")
 # DeepSeek's code builds q_a_layernorm and kv_a_layernorm with RMSNorm's default eps, not the config's
@@ -93,10 +97,12 @@ class DeepseekV3Attention(nn.Module):
             raise TypeError(f"rope_interleave must be a bool, got rope_interleave={rope_interleave!r}")
         if layer_idx is not None:
             check_int("layer_idx", layer_idx, minimum=0)
-        # rope_scaling's own rope_type, as rope_inverse_frequencies reads it, checked before anything reads a field
         scaling = mapping("rope_scaling", rope_scaling)
-        kind = scaling.get("rope_type", scaling.get("type", "default"))
-        check_rope_parameters(qk_rope_head_dim, {**scaling, "rope_type": kind, "rope_theta": rope_theta})
+        rope = {**scaling, "rope_type": scaling.get("rope_type", scaling.get("type", "default")), "rope_theta": rope_theta}
+        # Checked (check_rope_parameters) before any weight is made. Float64 on the CPU and not a buffer:
+        # `module.to(torch.float32)` would round the frequencies. `rope_tables` keeps a copy per device.
+        self.inv_freq, self.attention_scaling = rope_frequencies(qk_rope_head_dim, rope)
+        self.rope_tables = {}
         self.layer_idx = layer_idx
         self.hidden_size, self.num_heads, self.q_lora_rank, self.kv_lora_rank = hidden_size, num_heads, q_lora_rank, kv_lora_rank
         self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim = qk_nope_head_dim, qk_rope_head_dim, v_head_dim
@@ -114,9 +120,6 @@ class DeepseekV3Attention(nn.Module):
         # W^UK and W^UV (eqs. 10-11), head by head: rows h*(Dn+Dv) .. h*(Dn+Dv)+Dn-1 are head h's key part
         self.kv_b_proj = nn.Linear(kv_lora_rank, num_heads * (qk_nope_head_dim + v_head_dim), bias=False)
         self.o_proj = nn.Linear(num_heads * v_head_dim, hidden_size, bias=attention_bias)
-        # Float64 on the CPU and not a buffer: `module.to(torch.float32)` would round the frequencies.
-        self.inverse_frequencies, self.rope_attention_factor = rope_inverse_frequencies(qk_rope_head_dim, rope_theta,
-                                                                                        rope_scaling)
         self.scaling = softmax_scale(qk_head_dim, rope_scaling)
 
     @classmethod
@@ -161,19 +164,18 @@ class DeepseekV3Attention(nn.Module):
         latent, k_rope = self.kv_a_proj_with_mqa(x).split([Dc, Dr], dim=-1)  # (B, T, Dc), (B, T, Dr)
         latent = self.kv_a_layernorm(latent).unsqueeze(1)  # (B, 1, T, Dc): one "head", read by every query head
         k_rope = k_rope.unsqueeze(1)  # (B, 1, T, Dr)
-        cos, sin = self.rotary_angles(start, T, x)  # (T, Dr/2) each
-        q_rope = rotate(q_rope, cos, sin, self.rope_interleave)  # (B, H, T, Dr)
-        k_rope = rotate(k_rope, cos, sin, self.rope_interleave)  # (B, 1, T, Dr): rotated once, cached rotated
+        q_rope = self.rotary(q_rope, start)  # (B, H, T, Dr)
+        k_rope = self.rotary(k_rope, start)  # (B, 1, T, Dr): rotated once, cached rotated
         if cache is None:
             positions = torch.arange(T, device=x.device)
             mask = positions[:, None] >= positions[None, :]  # (T, T): causal, True = attend
         else:
-            check_cache(cache, self, x)
+            check_cache(self, cache, x)
             latent, k_rope, mask = cache.update(latent, k_rope)  # (B, 1, S, Dc), (B, 1, S, Dr), (T, S) or None
         attend = self.attend_naive if self.path == "naive" else self.attend_absorbed
-        context = attend(q_nope, q_rope, latent, k_rope, mask)  # (B, H, T, Dv)
-        context = context.transpose(1, 2).reshape(B, T, H * self.v_head_dim)  # (B, T, H*Dv)
-        return self.o_proj(context)  # (B, T, C)
+        attn_output = attend(q_nope, q_rope, latent, k_rope, mask)  # (B, H, T, Dv)
+        attn_output = attn_output.transpose(1, 2).reshape(B, T, H * self.v_head_dim)  # (B, T, H*Dv)
+        return self.o_proj(attn_output)  # (B, T, C)
 
     def attend_naive(self, q_nope, q_rope, latent, k_rope, mask):
         """Expand the latent of every position to each head's key and value, then attend: `(B, H, T, Dv)`."""
@@ -211,16 +213,14 @@ class DeepseekV3Attention(nn.Module):
         context_latent = context_latent.view(B, H, T, Dc)  # (B, H, T, Dc)
         return torch.einsum("bhtc,hvc->bhtv", context_latent, w_uv)  # (B, H, T, Dv): the value up-projection, after attention
 
-    def rotary_angles(self, start, length, x):
-        """`(cos, sin)` `(length, Dr/2)` of positions `start .. start + length - 1`, times the attention factor, in `x`'s dtype.
-
-        Computed in float64 on the CPU (a position times a frequency loses digits in float32 at long
-        contexts), then moved.
-        """
-        positions = torch.arange(start, start + length, dtype=torch.float64)  # (T,)
-        angles = positions[:, None] * self.inverse_frequencies[None, :]  # (T, Dr/2)
-        cos, sin = torch.cos(angles) * self.rope_attention_factor, torch.sin(angles) * self.rope_attention_factor
-        return cos.to(device=x.device, dtype=x.dtype), sin.to(device=x.device, dtype=x.dtype)
+    def rotary(self, x, start):
+        """`x` `(B, heads, T, Dr)` at positions `start ..` rotated, times YaRN's attention factor: pairs `(2i, 2i + 1)`
+        when `rope_interleave` (DeepSeek's layout), else `(i, i + Dr/2)`. Queries and keys rotate alike, so either
+        layout gives the same scores for the same weights' pair order."""
+        T = x.shape[2]
+        if self.rope_interleave:
+            return apply_rotary_interleaved(x, *interleaved_cos_sin(self, start, T, x))  # cos, sin (T, Dr/2)
+        return apply_rotary(x, *rotary_cos_sin(self, start, T, x))  # cos, sin (T, Dr)
 
     def new_cache(self, batch_size, capacity):
         """An empty `LatentCache` for `batch_size` sequences of up to `capacity` positions, on the module's device and dtype."""
@@ -229,60 +229,6 @@ class DeepseekV3Attention(nn.Module):
                             device=weight.device)
         cache.layer = (type(self).__name__, self.layer_idx)  # check_cache refuses it to any other layer
         return cache
-
-
-class LatentCache:
-    """What MLA caches: the normalised latent `c^KV` and the rotated key `k^R` of every position so far.
-
-    Preallocated `(B, 1, capacity, kv_lora_rank)` and `(B, 1, capacity, qk_rope_head_dim)` tensors (one
-    "head": every query head reads them), so a position takes `kv_lora_rank + qk_rope_head_dim`
-    values per sequence and layer. Keeps the `attention.causal.DecodingCache` contract: a chunk of `T`
-    tokens after `length` cached ones sits at positions `length .. length + T - 1`, and its query `i`
-    attends to positions `0 .. length + i` (the causal mask aligned to the lower right).
-    """
-
-    def __init__(self, batch_size, kv_lora_rank, qk_rope_head_dim, capacity, dtype=torch.float32, device=None):
-        sizes = {"batch_size": batch_size, "kv_lora_rank": kv_lora_rank, "qk_rope_head_dim": qk_rope_head_dim,
-                 "capacity": capacity}
-        for name, value in sizes.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {name}={value!r}")
-        self.capacity, self.length = capacity, 0
-        self.layer = None  # (class name, layer_idx) of the layer whose new_cache made it
-        self.latent = torch.zeros(batch_size, 1, capacity, kv_lora_rank, dtype=dtype, device=device)
-        self.rope_keys = torch.zeros(batch_size, 1, capacity, qk_rope_head_dim, dtype=dtype, device=device)
-
-    @property
-    def nbytes(self):
-        """Bytes the cache holds: `batch_size * capacity * (kv_lora_rank + qk_rope_head_dim) * element size`."""
-        return self.latent.nbytes + self.rope_keys.nbytes
-
-    def update(self, latent, rope_keys):
-        """Append `latent` `(B, 1, T, kv_lora_rank)` and `rope_keys` `(B, 1, T, qk_rope_head_dim)`.
-
-        Returns `(latent, rope_keys, mask)` over positions `0 .. length + T - 1`: `(B, 1, S, ...)` views
-        and a boolean `(T, S)` mask, True = attend, or `None` for one query (it attends to every position).
-        Past capacity: `ValueError`, and the cache is left unchanged.
-        """
-        T, start = latent.shape[2], self.length
-        if start + T > self.capacity:
-            raise ValueError(f"latent cache is full: {start} cached + {T} new positions exceed capacity={self.capacity}")
-        self.latent[:, :, start:start + T] = latent
-        self.rope_keys[:, :, start:start + T] = rope_keys
-        self.length = start + T
-        cached = self.latent[:, :, :self.length], self.rope_keys[:, :, :self.length]  # (B, 1, S, Dc), (B, 1, S, Dr)
-        if T == 1:
-            return (*cached, None)
-        query_pos = torch.arange(start, start + T, device=latent.device)  # (T,)
-        key_pos = torch.arange(self.length, device=latent.device)  # (S,)
-        return (*cached, query_pos[:, None] >= key_pos[None, :])  # (T, S): lower-right causal
-
-    # Same as attention/causal/gqa.py::KVCache.rewind
-    def rewind(self, length):
-        """Forget every position from `length` on: the next chunk starts at position `length`."""
-        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self.length:
-            raise ValueError(f"length must be an int in [0, {self.length}] (the positions cached), got length={length!r}")
-        self.length = length
 
 
 class RMSNorm(nn.Module):
@@ -297,22 +243,6 @@ class RMSNorm(nn.Module):
         wide = x.to(torch.promote_types(x.dtype, torch.float32))  # bfloat16 -> float32; float64 stays float64
         normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * normed.to(x.dtype)
-
-
-def rotate(x, cos, sin, interleaved):
-    """Rotary embedding of `x` `(B, heads, T, Dr)` by the angles whose `cos`, `sin` are `(T, Dr/2)`.
-
-    Pairs `(2i, 2i + 1)` when `interleaved` (DeepSeek's layout), else `(i, i + Dr/2)`. Queries and keys
-    rotate alike, so either layout gives the same scores for the same weights' pair order.
-    """
-    if interleaved:
-        first, second = x[..., 0::2], x[..., 1::2]  # (B, heads, T, Dr/2) each
-    else:
-        first, second = x.chunk(2, dim=-1)
-    turned = (first * cos - second * sin, second * cos + first * sin)
-    if interleaved:
-        return torch.stack(turned, dim=-1).flatten(-2)  # (B, heads, T, Dr): each pair back in place
-    return torch.cat(turned, dim=-1)  # (B, heads, T, Dr)
 
 
 def softmax_scale(qk_head_dim, rope_scaling):
@@ -348,7 +278,7 @@ def check_input(x, hidden_size, dtype):
                          f"or the layer (layer.to({x.dtype}))")
 
 
-def check_cache(cache, module, x):
+def check_cache(module, cache, x):
     """Raise a clear error unless `cache` fits `module` and `x`, and gradients are off (a cache is for inference)."""
     if not isinstance(cache, LatentCache):
         raise TypeError(f"cache must come from new_cache(), got {type(cache).__name__}")
@@ -458,73 +388,101 @@ def config_value(config, name, default=REQUIRED):
     return value
 
 
-# Same as attention/reference.py::rope_inverse_frequencies
-def rope_inverse_frequencies(rotary_dim, base, scaling=None):
-    """Rotary embeddings' angle per position for each pair of `rotary_dim` features, in float64, and the factor
-    the rotated queries and keys are multiplied by.
+# Same as attention/models/llama.py::rope_frequencies
+def rope_frequencies(head_dim, parameters):
+    """RoPE's inverse frequencies `(head_dim / 2,)` (float64, CPU) and the factor its cos and sin are multiplied by.
 
-    Pair `i` (of `rotary_dim / 2`) turns by `position * inverse_frequencies[i]`; unscaled,
-    `inverse_frequencies[i] = base ** (-2i / rotary_dim)` (Su et al., 2021, https://arxiv.org/abs/2104.09864).
-    `scaling` (a model's `rope_parameters` / `rope_scaling`, `None` or `rope_type` "default" for none) stretches
-    the slow pairs to reach longer contexts:
-
-    * `"linear"` (`factor`): every frequency divided by `factor` (position interpolation,
-      https://arxiv.org/abs/2306.15595).
-    * `"llama3"` (`factor`, `low_freq_factor`, `high_freq_factor`, `original_max_position_embeddings`):
-      Llama 3.1's rule, from Meta's reference code: pairs whose wavelength exceeds
-      `original / low_freq_factor` are divided by `factor`, those below `original / high_freq_factor` kept,
-      those between blended linearly in `original / wavelength`.
-    * `"yarn"` (`factor`, `original_max_position_embeddings`, optional `beta_fast` 32, `beta_slow` 1,
-      `mscale`, `mscale_all_dim`, `attention_factor`, `truncate` True): YaRN (Peng et al., 2023,
-      https://arxiv.org/abs/2309.00071) as its reference code computes it: pair index `d` where a pair
-      turns `beta` times over the original context is `rotary_dim * ln(original / (2 pi beta)) / (2 ln base)`;
-      pairs below the `beta_fast` index keep their frequency, pairs past the `beta_slow` index are divided by
-      `factor`, and a linear ramp in the pair index blends between (bounds floored and ceiled when
-      `truncate`). The attention factor is `0.1 * ln(factor) + 1` (or, given both `mscale` and
-      `mscale_all_dim`, the ratio of that formula at each), unless `attention_factor` is given.
-
-    Returns:
-        `(inverse_frequencies, attention_factor)`: `(rotary_dim / 2,)` float64 and a float (1.0 but for YaRN).
+    Pair `i` turns by `position * inv_freq[i]`, `inv_freq[i] = rope_theta ** (-2i / head_dim)`, unless
+    `rope_type` stretches the slow pairs for a longer context: `"linear"` divides every frequency by `factor`;
+    `"llama3"` (Llama 3.1) divides the pairs slower than `original_max_position_embeddings / low_freq_factor`
+    by `factor`, keeps those faster than `... / high_freq_factor`, and blends between; `"yarn"`
+    (https://arxiv.org/abs/2309.00071) blends by pair index between the pairs turning `beta_fast` and
+    `beta_slow` times over the original context, and multiplies cos and sin by `0.1 ln(factor) + 1`.
+    Parameters that cannot rotate raise first (`check_rope_parameters`).
     """
-    pair = torch.arange(rotary_dim // 2, dtype=torch.float64)
-    inverse_frequencies = base ** (-2 * pair / rotary_dim)
-    kind = "default" if scaling is None else scaling.get("rope_type", scaling.get("type", "default"))
+    check_rope_parameters(head_dim, parameters)
+    base, kind = parameters["rope_theta"], parameters["rope_type"]
+    pair = torch.arange(head_dim // 2, dtype=torch.float64, device="cpu")
+    inv_freq = base ** (-2 * pair / head_dim)
     if kind == "default":
-        return inverse_frequencies, 1.0
-    factor = scaling["factor"]
+        return inv_freq, 1.0
+    factor = parameters["factor"]
     if kind == "linear":
-        return inverse_frequencies / factor, 1.0
+        return inv_freq / factor, 1.0
+    original = parameters["original_max_position_embeddings"]
     if kind == "llama3":
-        original = scaling["original_max_position_embeddings"]
-        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
-        wavelength = 2 * math.pi / inverse_frequencies
-        blend = ((original / wavelength - low) / (high - low)).clamp(0, 1)  # 0: slow pairs, 1: fast pairs
-        scaled = (1 - blend) * inverse_frequencies / factor + blend * inverse_frequencies
-        return scaled, 1.0
+        low, high = parameters["low_freq_factor"], parameters["high_freq_factor"]
+        blend = ((original * inv_freq / (2 * math.pi) - low) / (high - low)).clamp(0, 1)  # 0: slow pairs, 1: fast
+        return (1 - blend) * inv_freq / factor + blend * inv_freq, 1.0
     if kind == "yarn":
-        original = scaling["original_max_position_embeddings"]
-        beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+        def pair_turning(turns):  # the (fractional) pair index turning `turns` times over the original context
+            return head_dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
 
-        def pair_turning(turns):  # the (fractional) pair index that turns `turns` times over the original context
-            return rotary_dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
-
-        low, high = pair_turning(beta_fast), pair_turning(beta_slow)
-        if scaling.get("truncate", True):
+        low, high = pair_turning(parameters.get("beta_fast") or 32), pair_turning(parameters.get("beta_slow") or 1)
+        if parameters.get("truncate", True):
             low, high = math.floor(low), math.ceil(high)
-        low, high = max(low, 0), min(high, rotary_dim - 1)
+        low, high = max(low, 0), min(high, head_dim - 1)
         ramp = ((pair - low) / ((high - low) or 0.001)).clamp(0, 1)  # 0: keep the frequency, 1: divide by factor
-        scaled = (1 - ramp) * inverse_frequencies + ramp * inverse_frequencies / factor
-
-        def magnitude(scale, multiplier=1.0):
-            return 1.0 if scale <= 1 else 0.1 * multiplier * math.log(scale) + 1.0
-
-        attention_factor = scaling.get("attention_factor")
+        attention_factor = parameters.get("attention_factor")
         if attention_factor is None:
-            mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+            def magnitude(scale, multiplier=1.0):
+                return 1.0 if scale <= 1 else 0.1 * multiplier * math.log(scale) + 1.0
+
+            mscale, mscale_all_dim = parameters.get("mscale"), parameters.get("mscale_all_dim")
             attention_factor = (magnitude(factor, mscale) / magnitude(factor, mscale_all_dim)
                                 if mscale and mscale_all_dim else magnitude(factor))
-        return scaled, float(attention_factor)
-    raise ValueError(f"rope scaling type must be default, linear, llama3 or yarn, got {kind!r}")
+        return (1 - ramp) * inv_freq + ramp * inv_freq / factor, float(attention_factor)
+
+
+# Same as attention/models/llama.py::rotary_cos_sin
+def rotary_cos_sin(module, start, length, like):
+    """cos and sin `(length, D)` of the angles at positions `start .. start + length - 1`, in `like`'s dtype.
+
+    Computed in float64 (float32 on MPS, which has no float64) from `module.inv_freq`, times
+    `module.attention_scaling`, in the rotate-half layout: feature `i` pairs with `i + D/2`.
+    """
+    dtype = torch.float32 if like.device.type == "mps" else torch.float64
+    if (like.device, dtype) not in module.rope_tables:
+        module.rope_tables[(like.device, dtype)] = module.inv_freq.to(like.device, dtype)
+    inv_freq = module.rope_tables[(like.device, dtype)]  # (D/2,)
+    positions = torch.arange(start, start + length, device=like.device, dtype=dtype)  # (T,)
+    angles = positions[:, None] * inv_freq[None, :]  # (T, D/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (T, D)
+    scale = module.attention_scaling
+    return (angles.cos() * scale).to(like.dtype), (angles.sin() * scale).to(like.dtype)
+
+
+# Same as attention/models/llama4.py::interleaved_cos_sin
+def interleaved_cos_sin(module, start, length, like):
+    """cos and sin `(length, D/2)` of each pair's angle at positions `start .. start + length - 1`, in `like`'s dtype,
+    computed in float64 (float32 on MPS) from `module.inv_freq`, times `module.attention_scaling`."""
+    dtype = torch.float32 if like.device.type == "mps" else torch.float64
+    if (like.device, dtype) not in module.rope_tables:
+        module.rope_tables[(like.device, dtype)] = module.inv_freq.to(like.device, dtype)
+    positions = torch.arange(start, start + length, device=like.device, dtype=dtype)  # (T,)
+    angles = positions[:, None] * module.rope_tables[(like.device, dtype)][None, :]  # (T, D/2)
+    scale = module.attention_scaling
+    return (angles.cos() * scale).to(like.dtype), (angles.sin() * scale).to(like.dtype)
+
+
+# Same as attention/positional/rotary.py::rotate_half
+def rotate_half(x):
+    """`(x1, x2) -> (-x2, x1)` on the two halves of the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+# Same as attention/positional/rotary.py::apply_rotary
+def apply_rotary(x, cos, sin):
+    """Rotate each pair `(x[..., i], x[..., i + D/2])` of `(B, H, T, D)` `x` by its position's angle."""
+    return x * cos + rotate_half(x) * sin  # (B, H, T, D)
+
+
+# Same as attention/models/llama4.py::apply_rotary_interleaved
+def apply_rotary_interleaved(x, cos, sin):
+    """`x` `(B, heads, T, D)` rotated pair by pair in Meta's layout: `(x_2i, x_2i+1)` turns by the angle of pair `i`."""
+    even, odd = x[..., 0::2], x[..., 1::2]  # (B, heads, T, D/2) each
+    return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)  # (B, heads, T, D)
 
 
 # ---- What it costs, counted from a configuration (per layer; the tests check each count against the code) ----
@@ -582,7 +540,7 @@ def kv_cache_bytes_per_token(config, num_kv_heads, dtype):
     `num_kv_heads` K/V heads (`num_attention_heads`: MHA; 8: GQA with 8 groups; 1: MQA).
 
     Keys and values of `v_head_dim` each (the paper's per-head `d_h`, its Table 1: MHA caches `2 n_h d_h`
-    values per token and layer, GQA `2 n_g d_h`, MQA `2 d_h`), as `attention.causal.gqa.KVCache` holds them.
+    values per token and layer, GQA `2 n_g d_h`, MQA `2 d_h`), as `attention.decoding.KVCache` holds them.
     """
     return 2 * num_kv_heads * config_value(config, "v_head_dim") * torch.empty((), dtype=dtype).element_size()
 

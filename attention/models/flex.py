@@ -67,12 +67,12 @@ def flex_forward(module, x):
     key = (mask_mod.__name__, T_run, k.shape[2], str(x.device))
     if key not in _block_masks:
         _block_masks[key] = block_mask(mask_mod, T_run, k.shape[2], x.device)
-    context = compiled_flex_attention(q, k, v, score_mod=score_mod, block_mask=_block_masks[key], scale=module.scaling,
-                                      enable_gqa=k.shape[1] != q.shape[1])  # (B, H, T_run, D)
+    attn_output = compiled_flex_attention(q, k, v, score_mod=score_mod, block_mask=_block_masks[key],
+                                          scale=module.scaling, enable_gqa=k.shape[1] != q.shape[1])  # (B, H, T_run, D)
     if sinks is not None:
-        context = context.masked_fill(infinite_sinks.view(1, -1, 1, 1), 0.0)  # (B, H, T_run, D)
-    context = context[:, :, :T].transpose(1, 2).reshape(B, T, -1)  # (B, T, H*D)
-    return module.o_proj(context)  # (B, T, hidden_size)
+        attn_output = attn_output.masked_fill(infinite_sinks.view(1, -1, 1, 1), 0.0)  # (B, H, T_run, D)
+    attn_output = attn_output[:, :, :T].transpose(1, 2).reshape(B, T, -1)  # (B, T, H*D)
+    return module.o_proj(attn_output)  # (B, T, hidden_size)
 
 
 def softcap_score_mod(softcap):

@@ -12,8 +12,8 @@ Three differences from `attention/models/llama.py`, each from the Gemma 2 report
 * **Local and global layers alternate**: even layers see a sliding window of the last `sliding_window`
   keys (4,096), odd layers see everything (`layer_types`).
 
-The contract: `attention.models.ModelAttention`. This file imports only torch and, from
-`attention/causal/gqa.py`, the KV caches, `grouped_scores` and `per_head_matmul`; its helpers are marked copies of `llama.py`'s.
+The contract: `attention.models.ModelAttention`. This file imports only torch and, from the decoding family
+(`attention/decoding/`), the KV caches, `grouped_scores` and `per_head_matmul`; its helpers are marked copies of `llama.py`'s.
 """
 
 import math
@@ -21,7 +21,7 @@ import math
 import torch
 from torch import nn
 
-from attention.causal.gqa import KVCache, SlidingWindowKVCache, grouped_scores, per_head_matmul
+from attention.decoding import KVCache, SlidingWindowKVCache, grouped_scores, per_head_matmul
 
 REQUIRED = object()  # `config_value`'s default: the field must be present
 
@@ -68,9 +68,10 @@ class Gemma2Attention(nn.Module):
 
     # Same as attention/models/llama.py::LlamaAttention.from_config
     @classmethod
-    def from_config(cls, config, layer_idx):
-        """Layer `layer_idx` of the model configured by `config` (see `attention.models.ModelAttention`)."""
-        return cls(config, layer_idx)
+    def from_config(cls, config, layer_idx, **options):
+        """Layer `layer_idx` of the model configured by `config` (see `attention.models.ModelAttention`); `options`: the
+        class's keyword arguments (`decode_kernel` where the layer attends through SDPA)."""
+        return cls(config, layer_idx, **options)
 
     def forward(self, x, cache=None):
         """`x` `(B, T, hidden_size)` -> `(B, T, hidden_size)`; with `cache`, `x` continues the cached sequence."""
@@ -82,9 +83,9 @@ class Gemma2Attention(nn.Module):
             keys, values, mask = k, v, causal_mask(T, self.sliding_window, x.device)  # mask (T, T)
         else:
             keys, values, mask = cache.update(k, v)  # (B, H_kv, S, D) each; mask (T, S) or None
-        context = softcapped_attention(q, keys, values, mask, self.scaling, self.attn_logit_softcapping)  # (B, H, T, D)
-        context = context.transpose(1, 2).reshape(B, T, -1)  # (B, T, H*D)
-        return self.o_proj(context)  # (B, T, hidden_size)
+        attn_output = softcapped_attention(q, keys, values, mask, self.scaling, self.attn_logit_softcapping)  # (B, H, T, D)
+        attn_output = attn_output.transpose(1, 2).reshape(B, T, -1)  # (B, T, H*D)
+        return self.o_proj(attn_output)  # (B, T, hidden_size)
 
     # Same as attention/models/llama.py::LlamaAttention.qkv
     def qkv(self, x, start):
@@ -95,7 +96,7 @@ class Gemma2Attention(nn.Module):
         k = self.k_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, T, H_kv*D) -> (B, H_kv, T, D)
         v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, H_kv, T, D)
         cos, sin = rotary_cos_sin(self, start, T, x)  # (T, D) each
-        return rotate(q, cos, sin), rotate(k, cos, sin), v
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
     # Same as attention/models/llama.py::LlamaAttention.new_cache
     def new_cache(self, batch_size, capacity):
@@ -129,8 +130,8 @@ def softcapped_attention(q, k, v, mask, scale, softcap):
     attn_weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
     if mask is not None:  # a query with no key to attend to: zeros, not the NaN of a softmax over nothing
         attn_weights = attn_weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
-    context = per_head_matmul(attn_weights.reshape(B, H_kv, group * T, S), v)  # @ (B, H_kv, S, D) -> (B, H_kv, group*T, D)
-    return context.reshape(B, H, T, D)
+    attn_output = per_head_matmul(attn_weights.reshape(B, H_kv, group * T, S), v)  # @ (B, H_kv, S, D) -> (B, H_kv, group*T, D)
+    return attn_output.reshape(B, H, T, D)
 
 
 def alternating_layer_type(config, layer_idx, kinds):
@@ -234,11 +235,17 @@ def rotary_cos_sin(module, start, length, like):
     return (angles.cos() * scale).to(like.dtype), (angles.sin() * scale).to(like.dtype)
 
 
-# Same as attention/models/llama.py::rotate
-def rotate(x, cos, sin):
-    """`x` `(B, heads, T, D)` rotated pair by pair: `(x_i, x_{i+D/2})` turns by the angle whose cos and sin are given."""
-    first, second = x.chunk(2, dim=-1)  # (B, heads, T, D/2) each
-    return x * cos + torch.cat([-second, first], dim=-1) * sin  # (B, heads, T, D)
+# Same as attention/positional/rotary.py::rotate_half
+def rotate_half(x):
+    """`(x1, x2) -> (-x2, x1)` on the two halves of the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+# Same as attention/positional/rotary.py::apply_rotary
+def apply_rotary(x, cos, sin):
+    """Rotate each pair `(x[..., i], x[..., i + D/2])` of `(B, H, T, D)` `x` by its position's angle."""
+    return x * cos + rotate_half(x) * sin  # (B, H, T, D)
 
 
 # Same as attention/models/llama.py::make_cache

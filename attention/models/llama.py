@@ -16,8 +16,8 @@ what their configuration switches on:
   from `max_window_layers` on if `use_sliding_window` (off in every released Qwen2 and Qwen2.5).
 
 The contract (construction from a config, transformers' parameter names, decoding with a cache):
-`attention.models.ModelAttention`. This file imports only torch and, from
-`attention/causal/gqa.py`, the KV caches and `cached_attention`; the other model files repeat its small helpers as marked copies.
+`attention.models.ModelAttention`. This file imports only torch and the decoding family (`attention/decoding/`: the
+KV caches and `cached_attention`); the other model files repeat its small helpers as marked copies.
 """
 
 import math
@@ -25,7 +25,7 @@ import math
 import torch
 from torch import nn
 
-from attention.causal.gqa import KVCache, SlidingWindowKVCache, cached_attention
+from attention.decoding import KVCache, SlidingWindowKVCache, cached_attention, check_decode_kernel
 
 REQUIRED = object()  # `config_value`'s default: the field must be present
 
@@ -36,8 +36,8 @@ class LlamaAttention(nn.Module):
     Built from a configuration (`LlamaAttention(config, layer_idx)` or `from_config`), with the parameters
     of transformers' `LlamaAttention`, `MistralAttention` or `Qwen2Attention`: `q_proj`, `k_proj`, `v_proj`,
     `o_proj` (`.weight`, and `.bias` where the model has one). The attention runs on
-    `F.scaled_dot_product_attention`; over a cache, `decode_kernel` picks it or the grouped matmuls
-    (`attention.causal.gqa.cached_attention`).
+    `F.scaled_dot_product_attention`; over a cache, `decode_kernel` (`"auto"`, `"sdpa"` or `"matmul"`, chosen at
+    construction) picks it or the grouped matmuls (`attention.decoding.cached_attention`).
 
     Raises `ValueError`/`TypeError` naming the config field and its value where the config cannot build the layer
     transformers builds: the sizes (`head_sizes`), the layer kinds and window (`listed_layer_types`,
@@ -46,11 +46,11 @@ class LlamaAttention(nn.Module):
 
     MODEL_TYPES = ("llama", "mistral", "qwen2")
     LAYER_TYPES = ("full_attention", "sliding_attention")  # the kinds of layer `layer_types` may list
-    decode_kernel = "auto"  # over a cache: "sdpa", "matmul" or "auto" (attention.causal.gqa.DECODE_KERNELS)
     qk_norm = None  # no normalisation of queries and keys (see qwen3.py, olmo2.py)
 
-    def __init__(self, config, layer_idx):
+    def __init__(self, config, layer_idx, *, decode_kernel="auto"):
         super().__init__()
+        self.decode_kernel = check_decode_kernel(decode_kernel)  # over a cache: attention.decoding.DECODE_KERNELS
         check_model_type(config, self.MODEL_TYPES)
         self.layer_idx = check_layer_idx(config, layer_idx)
         self.hidden_size, self.num_attention_heads, self.num_key_value_heads, self.head_dim = head_sizes(config)
@@ -73,9 +73,10 @@ class LlamaAttention(nn.Module):
         self.rope_tables = {}
 
     @classmethod
-    def from_config(cls, config, layer_idx):
-        """Layer `layer_idx` of the model configured by `config` (see `attention.models.ModelAttention`)."""
-        return cls(config, layer_idx)
+    def from_config(cls, config, layer_idx, **options):
+        """Layer `layer_idx` of the model configured by `config` (see `attention.models.ModelAttention`); `options`: the
+        class's keyword arguments (`decode_kernel` where the layer attends through SDPA)."""
+        return cls(config, layer_idx, **options)
 
     def forward(self, x, cache=None):
         """`x` `(B, T, hidden_size)` -> `(B, T, hidden_size)`; with `cache`, `x` continues the cached sequence."""
@@ -88,10 +89,10 @@ class LlamaAttention(nn.Module):
         else:
             keys, values, mask = cache.update(k, v)  # (B, H_kv, S, D) each; mask (T, S) or None
         # SDPA; over a cache, the grouped matmuls for a few new tokens on CPU (`decode_kernel`, as GroupedQueryAttention)
-        context = cached_attention(q, keys, values, mask, self.scaling, self.decode_kernel,
-                                   over_cache=cache is not None)  # (B, H, T, D)
-        context = context.transpose(1, 2).reshape(B, T, -1)  # (B, T, H*D)
-        return self.o_proj(context)  # (B, T, hidden_size)
+        attn_output = cached_attention(q, keys, values, mask, self.scaling, self.decode_kernel,
+                                       over_cache=cache is not None)  # (B, H, T, D)
+        attn_output = attn_output.transpose(1, 2).reshape(B, T, -1)  # (B, T, H*D)
+        return self.o_proj(attn_output)  # (B, T, hidden_size)
 
     def qkv(self, x, start):
         """Queries, keys and values of `x` `(B, T, hidden_size)` at positions `start ..`, rotated: `(B, H, T, D)`,
@@ -101,7 +102,7 @@ class LlamaAttention(nn.Module):
         k = self.k_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, T, H_kv*D) -> (B, H_kv, T, D)
         v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, H_kv, T, D)
         cos, sin = rotary_cos_sin(self, start, T, x)  # (T, D) each
-        return rotate(q, cos, sin), rotate(k, cos, sin), v
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
     def new_cache(self, batch_size, capacity):
         """An empty KV cache for `batch_size` sequences of up to `capacity` positions (a sliding layer keeps only
@@ -323,10 +324,17 @@ def rotary_cos_sin(module, start, length, like):
     return (angles.cos() * scale).to(like.dtype), (angles.sin() * scale).to(like.dtype)
 
 
-def rotate(x, cos, sin):
-    """`x` `(B, heads, T, D)` rotated pair by pair: `(x_i, x_{i+D/2})` turns by the angle whose cos and sin are given."""
-    first, second = x.chunk(2, dim=-1)  # (B, heads, T, D/2) each
-    return x * cos + torch.cat([-second, first], dim=-1) * sin  # (B, heads, T, D)
+# Same as attention/positional/rotary.py::rotate_half
+def rotate_half(x):
+    """`(x1, x2) -> (-x2, x1)` on the two halves of the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+# Same as attention/positional/rotary.py::apply_rotary
+def apply_rotary(x, cos, sin):
+    """Rotate each pair `(x[..., i], x[..., i + D/2])` of `(B, H, T, D)` `x` by its position's angle."""
+    return x * cos + rotate_half(x) * sin  # (B, H, T, D)
 
 
 def window_mask(length, sliding_window, device):

@@ -13,9 +13,9 @@ three of one for each of the other (`no_rope_layer_interval` 4):
   (attention temperature tuning, https://arxiv.org/abs/2501.19399), so attention stays sharp over millions
   of keys.
 
-A chunked layer's cache holds at most one chunk (the ring buffer of `attention/causal/gqa.py`, masked to the
-current chunk). The contract: `attention.models.ModelAttention`. This file imports only torch and the KV caches
-of `attention/causal/gqa.py`; its helpers are marked copies of `llama.py`'s.
+A chunked layer's cache holds at most one chunk (`attention.decoding.SlidingWindowKVCache`'s ring, masked to the
+current chunk). The contract: `attention.models.ModelAttention`. This file imports only torch and the decoding
+family (`attention/decoding/`: the KV caches and `cached_attention`); its helpers are marked copies of `llama.py`'s.
 """
 
 import math
@@ -23,7 +23,7 @@ import math
 import torch
 from torch import nn
 
-from attention.causal.gqa import KVCache, SlidingWindowKVCache, cached_attention
+from attention.decoding import KVCache, SlidingWindowKVCache, cached_attention, check_decode_kernel
 
 REQUIRED = object()  # `config_value`'s default: the field must be present
 
@@ -33,15 +33,19 @@ class Llama4TextAttention(nn.Module):
 
     The parameters of transformers' `Llama4TextAttention`: `q_proj`, `k_proj`, `v_proj`, `o_proj` (biases where
     `attention_bias`); the L2 norm has no weight. The attention runs on `F.scaled_dot_product_attention`;
-    over a cache, `decode_kernel` picks it or the grouped matmuls (`attention.causal.gqa.cached_attention`).
+    over a cache, `decode_kernel` (`"auto"`, `"sdpa"` or `"matmul"`, chosen at construction) picks it or the grouped
+    matmuls (`attention.decoding.cached_attention`). Pairs `(2i, 2i + 1)` rotate (`rope_interleaved`), and the
+    family's QK-norm (`qk_norm`) is an L2 norm after RoPE, on the RoPE layers where `use_qk_norm`.
     """
 
     MODEL_TYPES = ("llama4_text",)
     LAYER_TYPES = ("full_attention", "chunked_attention")  # the kinds of layer `layer_types` may list
-    decode_kernel = "auto"  # over a cache: "sdpa", "matmul" or "auto" (attention.causal.gqa.DECODE_KERNELS)
+    rope_interleaved = True  # Meta's layout of the rotary pairs, (2i, 2i + 1): what no config field says
+    qk_norm = "l2"  # the family's QK-norm; a layer's own `qk_norm` is None where it applies none (NoPE, use_qk_norm off)
 
-    def __init__(self, config, layer_idx):
+    def __init__(self, config, layer_idx, *, decode_kernel="auto"):
         super().__init__()
+        self.decode_kernel = check_decode_kernel(decode_kernel)  # over a cache: attention.decoding.DECODE_KERNELS
         check_model_type(config, self.MODEL_TYPES)
         self.layer_idx = check_layer_idx(config, layer_idx)
         self.hidden_size, self.num_attention_heads, self.num_key_value_heads, self.head_dim = head_sizes(config)
@@ -80,9 +84,10 @@ class Llama4TextAttention(nn.Module):
 
     # Same as attention/models/llama.py::LlamaAttention.from_config
     @classmethod
-    def from_config(cls, config, layer_idx):
-        """Layer `layer_idx` of the model configured by `config` (see `attention.models.ModelAttention`)."""
-        return cls(config, layer_idx)
+    def from_config(cls, config, layer_idx, **options):
+        """Layer `layer_idx` of the model configured by `config` (see `attention.models.ModelAttention`); `options`: the
+        class's keyword arguments (`decode_kernel` where the layer attends through SDPA)."""
+        return cls(config, layer_idx, **options)
 
     def forward(self, x, cache=None):
         """`x` `(B, T, hidden_size)` -> `(B, T, hidden_size)`; with `cache`, `x` continues the cached sequence."""
@@ -102,10 +107,10 @@ class Llama4TextAttention(nn.Module):
                                       self.attention_chunk_size)  # (T, S)
                 mask = in_chunk if mask is None else mask & in_chunk
         # SDPA; over a cache, the grouped matmuls for a few new tokens on CPU (`decode_kernel`, as GroupedQueryAttention)
-        context = cached_attention(q, keys, values, mask, self.scaling, self.decode_kernel,
-                                   over_cache=cache is not None)  # (B, H, T, D)
-        context = context.transpose(1, 2).reshape(B, T, -1)  # (B, T, H*D)
-        return self.o_proj(context)  # (B, T, hidden_size)
+        attn_output = cached_attention(q, keys, values, mask, self.scaling, self.decode_kernel,
+                                       over_cache=cache is not None)  # (B, H, T, D)
+        attn_output = attn_output.transpose(1, 2).reshape(B, T, -1)  # (B, T, H*D)
+        return self.o_proj(attn_output)  # (B, T, hidden_size)
 
     def qkv(self, x, start):
         """Queries, keys and values of `x` `(B, T, hidden_size)` at positions `start ..`: rotated and L2-normed
@@ -116,7 +121,7 @@ class Llama4TextAttention(nn.Module):
         v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, H_kv, T, D)
         if self.use_rope:
             cos, sin = interleaved_cos_sin(self, start, T, x)  # (T, D/2) each
-            q, k = rotate_interleaved(q, cos, sin), rotate_interleaved(k, cos, sin)
+            q, k = apply_rotary_interleaved(q, cos, sin), apply_rotary_interleaved(k, cos, sin)
         if self.qk_norm == "l2":  # after RoPE: a unit-RMS query and key per head, no weight
             q, k = l2_norm(q, self.norm_eps), l2_norm(k, self.norm_eps)
         if self.attn_temperature_tuning:  # NoPE layers: queries sharpen with the position
@@ -203,7 +208,7 @@ def interleaved_cos_sin(module, start, length, like):
     return (angles.cos() * scale).to(like.dtype), (angles.sin() * scale).to(like.dtype)
 
 
-def rotate_interleaved(x, cos, sin):
+def apply_rotary_interleaved(x, cos, sin):
     """`x` `(B, heads, T, D)` rotated pair by pair in Meta's layout: `(x_2i, x_2i+1)` turns by the angle of pair `i`."""
     even, odd = x[..., 0::2], x[..., 1::2]  # (B, heads, T, D/2) each
     return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)  # (B, heads, T, D)

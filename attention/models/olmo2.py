@@ -9,8 +9,8 @@ is `attention/models/llama.py`: GQA (the 7B and 13B are plain multi-head attenti
 RoPE with `rope_theta` 500,000 (https://huggingface.co/allenai/OLMo-2-1124-7B/blob/main/config.json), scale
 `1 / sqrt(head_dim)`, no window (transformers' OLMo 2 has none).
 
-The contract: `attention.models.ModelAttention`. This file imports only torch and the KV caches of
-`attention/causal/gqa.py`; its helpers are marked copies of `llama.py`'s.
+The contract: `attention.models.ModelAttention`. This file imports only torch and the decoding family
+(`attention/decoding/`: the KV caches and `cached_attention`); its helpers are marked copies of `llama.py`'s.
 """
 
 import math
@@ -18,7 +18,7 @@ import math
 import torch
 from torch import nn
 
-from attention.causal.gqa import KVCache, SlidingWindowKVCache, cached_attention
+from attention.decoding import KVCache, SlidingWindowKVCache, cached_attention, check_decode_kernel
 
 REQUIRED = object()  # `config_value`'s default: the field must be present
 
@@ -28,17 +28,17 @@ class Olmo2Attention(nn.Module):
 
     The parameters of transformers' `Olmo2Attention`: `q_proj`, `k_proj`, `v_proj`, `o_proj` (biases where
     `attention_bias`), `q_norm.weight` `(H * D,)` and `k_norm.weight` `(H_kv * D,)`. The attention runs on
-    `F.scaled_dot_product_attention`; over a cache, `decode_kernel` picks it or the grouped matmuls
-    (`attention.causal.gqa.cached_attention`).
+    `F.scaled_dot_product_attention`; over a cache, `decode_kernel` (`"auto"`, `"sdpa"` or `"matmul"`, chosen at
+    construction) picks it or the grouped matmuls (`attention.decoding.cached_attention`).
     """
 
     MODEL_TYPES = ("olmo2",)
     LAYER_TYPES = ("full_attention", "sliding_attention")  # the kinds of layer `layer_types` may list
-    decode_kernel = "auto"  # over a cache: "sdpa", "matmul" or "auto" (attention.causal.gqa.DECODE_KERNELS)
     qk_norm = "projection"  # an RMSNorm over the whole query and the whole key projection, before RoPE
 
-    def __init__(self, config, layer_idx):
+    def __init__(self, config, layer_idx, *, decode_kernel="auto"):
         super().__init__()
+        self.decode_kernel = check_decode_kernel(decode_kernel)  # over a cache: attention.decoding.DECODE_KERNELS
         check_model_type(config, self.MODEL_TYPES)
         self.layer_idx = check_layer_idx(config, layer_idx)
         self.hidden_size, self.num_attention_heads, self.num_key_value_heads, self.head_dim = head_sizes(config)
@@ -67,9 +67,10 @@ class Olmo2Attention(nn.Module):
 
     # Same as attention/models/llama.py::LlamaAttention.from_config
     @classmethod
-    def from_config(cls, config, layer_idx):
-        """Layer `layer_idx` of the model configured by `config` (see `attention.models.ModelAttention`)."""
-        return cls(config, layer_idx)
+    def from_config(cls, config, layer_idx, **options):
+        """Layer `layer_idx` of the model configured by `config` (see `attention.models.ModelAttention`); `options`: the
+        class's keyword arguments (`decode_kernel` where the layer attends through SDPA)."""
+        return cls(config, layer_idx, **options)
 
     # Same as attention/models/llama.py::LlamaAttention.forward
     def forward(self, x, cache=None):
@@ -83,10 +84,10 @@ class Olmo2Attention(nn.Module):
         else:
             keys, values, mask = cache.update(k, v)  # (B, H_kv, S, D) each; mask (T, S) or None
         # SDPA; over a cache, the grouped matmuls for a few new tokens on CPU (`decode_kernel`, as GroupedQueryAttention)
-        context = cached_attention(q, keys, values, mask, self.scaling, self.decode_kernel,
-                                   over_cache=cache is not None)  # (B, H, T, D)
-        context = context.transpose(1, 2).reshape(B, T, -1)  # (B, T, H*D)
-        return self.o_proj(context)  # (B, T, hidden_size)
+        attn_output = cached_attention(q, keys, values, mask, self.scaling, self.decode_kernel,
+                                       over_cache=cache is not None)  # (B, H, T, D)
+        attn_output = attn_output.transpose(1, 2).reshape(B, T, -1)  # (B, T, H*D)
+        return self.o_proj(attn_output)  # (B, T, hidden_size)
 
     def qkv(self, x, start):
         """Queries, keys and values of `x` `(B, T, hidden_size)` at positions `start ..`, normed and rotated:
@@ -96,7 +97,7 @@ class Olmo2Attention(nn.Module):
         k = self.k_norm(self.k_proj(x)).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, H_kv, T, D)
         v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, H_kv, T, D)
         cos, sin = rotary_cos_sin(self, start, T, x)  # (T, D) each
-        return rotate(q, cos, sin), rotate(k, cos, sin), v
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
     # Same as attention/models/llama.py::LlamaAttention.new_cache
     def new_cache(self, batch_size, capacity):
@@ -232,11 +233,17 @@ def rotary_cos_sin(module, start, length, like):
     return (angles.cos() * scale).to(like.dtype), (angles.sin() * scale).to(like.dtype)
 
 
-# Same as attention/models/llama.py::rotate
-def rotate(x, cos, sin):
-    """`x` `(B, heads, T, D)` rotated pair by pair: `(x_i, x_{i+D/2})` turns by the angle whose cos and sin are given."""
-    first, second = x.chunk(2, dim=-1)  # (B, heads, T, D/2) each
-    return x * cos + torch.cat([-second, first], dim=-1) * sin  # (B, heads, T, D)
+# Same as attention/positional/rotary.py::rotate_half
+def rotate_half(x):
+    """`(x1, x2) -> (-x2, x1)` on the two halves of the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+# Same as attention/positional/rotary.py::apply_rotary
+def apply_rotary(x, cos, sin):
+    """Rotate each pair `(x[..., i], x[..., i + D/2])` of `(B, H, T, D)` `x` by its position's angle."""
+    return x * cos + rotate_half(x) * sin  # (B, H, T, D)
 
 
 # Same as attention/models/llama.py::window_mask

@@ -18,15 +18,17 @@ from attention.bench.results import (RESULTS_DIR, all_rows, changed_sources, che
 from attention.report import block_sparse, decode, prefill, ring, sequence
 from attention.report.block_sparse import (block_sparse_rows, block_sparse_table, crossover_table,  # noqa: F401
                                            crossovers, plot_block_sparse)
-from attention.report.compare import (dtype_comparison, dtype_comparison_table, dtype_pairs, dtype_verdict,  # noqa: F401
-                                      share_stability, share_stability_table)
+from attention.report.compare import (bf16_pieces_section, bf16_recorded_section, dtype_comparison,  # noqa: F401
+                                      dtype_comparison_table, dtype_pairs, dtype_verdict, share_stability,
+                                      share_stability_section, share_stability_table)
 from attention.report.decode import (bandwidth_note, decode_best, decode_rows, decode_summary_table,  # noqa: F401
                                      decode_table, plot_decode, share_words, shown_share)
 from attention.report.format import (MODE_TITLES, collapsed, device_label, devices_line, mebibytes, number,  # noqa: F401
-                                     percent, provenance_summary, run_line, table)
-from attention.report.sequence import (fastest, fastest_cell, fastest_table, markdown_tables, memory_slope_table,  # noqa: F401
-                                       memory_slopes, plot_bars, plot_memory_vs_seq_len, plot_time_vs_seq_len,
-                                       results_table, shape_rows, slower_by, sweep_rows, sweep_table, tied)
+                                     percent, provenance_summary, reader_device, run_line, table)
+from attention.report.sequence import (fastest, fastest_cell, fastest_table, kernel_kind, leaders,  # noqa: F401
+                                       markdown_tables, memory_slope_table, memory_slopes, plot_bars,
+                                       plot_memory_vs_seq_len, plot_time_vs_seq_len, results_table, shape_rows,
+                                       slower_by, sweep_rows, sweep_table, tied)
 
 # sweep name (`attention.bench.SWEEPS`) -> the module that shows its results
 PAGES = {"sequence": sequence, "block_sparse": block_sparse, "decode": decode, "ring": ring, "prefill": prefill}
@@ -52,8 +54,10 @@ def recorded_durations():
     for folder in [RESULTS_DIR, *sorted(path for path in RESULTS_DIR.glob("*") if path.is_dir())]:
         for path in find_results(folder):
             result = load_result(path)
+            seconds = result["provenance"]["duration_s"]
             runs.setdefault(result["profile"], []).append(
-                f"{result['provenance']['duration_s'] / 60:.0f} min ({device_label(result['provenance']['device'])}"
+                (f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min")
+                + f" ({device_label(result['provenance']['device'])}"
                 f", {result['provenance']['device']['cpu_count']} cores, {result['dtype']})")
     return "; ".join(f"{name}: {', '.join(times)}" for name, times in runs.items()) or "none recorded in this checkout"
 

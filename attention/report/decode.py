@@ -38,8 +38,8 @@ def axes(result, models=None):
 
 
 def decode_table(result, batch, models=None):
-    """Tokens per second and bandwidth share (`shown_share`) per model and kernel (rows) and context (columns), at one
-    batch size, of `models` (default all); skipped or failed rows say so, wrong ones WRONG."""
+    """Tokens per second and bandwidth share (`shown_share`), as "78 · 27%", per model and kernel (rows) and context
+    (columns), at one batch size, of `models` (default all); skipped or failed rows say so, wrong ones WRONG."""
     models, kernels, _, contexts = axes(result, models)
     share = shown_share(result)
     cells = {(r["model"], r["kernel"], r["context"]): r for r in result[NAME]["rows"] if r["batch"] == batch}
@@ -47,7 +47,7 @@ def decode_table(result, batch, models=None):
     def cell(row):
         if row is None or row["status"] != "ok":
             return "" if row is None else row["status"]
-        return f"{row['tokens_per_s']:,.0f} tok/s · {row[share]:.0%}" if row["correct"] else "WRONG"
+        return f"{row['tokens_per_s']:,.0f} · {row[share]:.0%}" if row["correct"] else "WRONG"
     kv = {r["model"]: r["num_kv_heads"] for r in result[NAME]["rows"]}
     return table(["Model (K/V heads)", "Kernel"] + [f"{c:,}" for c in contexts],
                  [[f"{model} ({kv[model]})", f"`{kernel}`"] + [cell(cells.get((model, kernel, c))) for c in contexts]
@@ -55,52 +55,65 @@ def decode_table(result, batch, models=None):
                  "ll" + "r" * len(contexts))
 
 
-def decode_summary_table(result, contexts=None, models=None):
-    """Per batch and model (`models`, default all): the fastest kernel's tokens/s and bandwidth share (`shown_share`)
-    at `contexts` (default all), and the cache bytes per token."""
-    models, _, batches, measured = axes(result, models)
+def decode_summary_table(result, contexts=None, models=None, batches=None):
+    """Per model (`models`, default all; its K/V heads and cache bytes per token in the label): the fastest kernel's
+    tokens/s and bandwidth share (`shown_share`) at each of `batches` and `contexts` (default all). The kernel goes
+    in the label where one kernel is the fastest in every cell of the row, else in each cell."""
+    models, _, measured_batches, measured = axes(result, models)
     share = shown_share(result)
-    contexts = [c for c in contexts or measured if c in measured]
+    columns = [(b, c) for b in batches or measured_batches for c in contexts or measured if b in measured_batches
+               and c in measured]
     first = {r["model"]: r for r in reversed(result[NAME]["rows"])}
-
-    def cell(best):
-        return "" if best is None else (f"{best['tokens_per_s']:,.0f} tok/s, {best[share]:.0%} "
-                                        f"(`{best['kernel']}`)")
-    return table(["Batch", "Model", "K/V heads", "Cache per token"] + [f"{c:,} context" for c in contexts],
-                 [[batch, model, first[model]["num_kv_heads"], f"{first[model]['cache_bytes_per_token'] / 1024:,g} KiB"]
-                  + [cell(decode_best(result, model, batch, c)) for c in contexts] for batch in batches for model in models],
-                 "rlrr" + "r" * len(contexts))
+    lines = []
+    for model in models:
+        best = [decode_best(result, model, batch, context) for batch, context in columns]
+        kernels = sorted({row["kernel"] for row in best if row})
+        label = (f"{model} ({first[model]['num_kv_heads']} K/V, {first[model]['cache_bytes_per_token'] / 1024:,g} KiB "
+                 "per token)" + (f" `{kernels[0]}`" if len(kernels) == 1 else ""))
+        lines.append([label] + ["" if row is None else f"{row['tokens_per_s']:,.0f} · {row[share]:.0%}"
+                                + ("" if len(kernels) == 1 else f" `{row['kernel']}`") for row in best])
+    return table(["Model (K/V heads, cache) kernel"] + [f"B={b}, {c:,}" for b, c in columns], lines)
 
 
 def plot_decode(result, metric="tokens_per_s", models=None):
-    """`metric` (tokens_per_s or a bandwidth share) against context, a panel per batch size, a colour per
-    model (`models`, default all), solid for the `matmul` kernel and dashed for the others."""
-    from matplotlib import colormaps
+    """`metric` (tokens_per_s or a bandwidth share) against context: small multiples, a panel per model (`models`,
+    default all) on shared axes, a colour per kernel and a line style per batch size."""
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
     models, kernels, batches, _ = axes(result, models)
-    colors = [f"C{i}" for i in range(len(models))] if len(models) <= 10 else colormaps["tab20"].colors  # one per model
-    fig = Figure(figsize=(5.2 * len(batches), 4.2), layout="constrained")
-    panels = fig.subplots(1, len(batches), squeeze=False)[0]
-    for ax, batch in zip(panels, batches):
-        for color, model in enumerate(models):
-            for kernel in kernels:
-                rows = sorted(decode_rows(result, batch, model, kernel), key=lambda r: r["context"])
-                if rows:
-                    ax.plot([r["context"] for r in rows], [r[metric] * (100 if metric.startswith("share") else 1)
-                                                           for r in rows], "-" if kernel == "matmul" else "--",
-                            marker="o", color=colors[color], label=f"{model} ({rows[0]['num_kv_heads']} K/V) {kernel}")
+    kv_heads = {row["model"]: row["num_kv_heads"] for row in result[NAME]["rows"]}
+    colors = dict(zip(kernels, ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple"]))
+    columns = min(len(models), 3)  # about the text column's width, so the panels' words keep their size
+    rows = -(-len(models) // columns)
+    fig = Figure(figsize=(2.5 * columns + 0.6, 1.9 * rows + 1.0), layout="constrained")
+    panels = fig.subplots(rows, columns, squeeze=False, sharex=True, sharey=True).ravel()
+    for ax, model in zip(panels, models):
+        for kernel in kernels:
+            for batch, style in zip(batches, ["-o", "--s", ":^", "-.v"]):
+                points = sorted(decode_rows(result, batch, model, kernel), key=lambda r: r["context"])
+                if points:
+                    ax.plot([r["context"] for r in points], [r[metric] * (100 if metric.startswith("share") else 1)
+                                                             for r in points], style, color=colors[kernel], markersize=3)
+        ax.set_title(f"{model} ({kv_heads[model]} K/V)", fontsize=9)
         ax.set_xscale("log", base=2)
-        if metric == "tokens_per_s":
-            ax.set(yscale="log", ylabel="tokens per second (one layer)")
-        else:
-            ax.set(ylabel="% of the run's peak bandwidth" if metric == "share_of_peak_bandwidth"
-                   else "% of the read bandwidth beside it", ylim=(0, None))
-        ax.set(xlabel="context (cached positions)", title=f"batch {batch}")
         ax.grid(True, which="both", alpha=0.3)
-    handles, labels = panels[0].get_legend_handles_labels()  # every panel draws the same lines
-    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4), fontsize=8)
-    fig.suptitle(f"Decode step, {title_suffix(result)}", fontsize=10)
+        ax.tick_params(labelsize=7)
+    for index, ax in enumerate(panels):
+        ax.set_visible(index < len(models))
+        if index < len(models) <= index + columns:  # the lowest panel of its column: the x axis's labels
+            ax.tick_params(labelbottom=True)
+            ax.set_xlabel("context (positions)", fontsize=8)
+    if metric == "tokens_per_s":
+        panels[0].set_yscale("log")
+    fig.supylabel("tokens per second, one attention layer" if metric == "tokens_per_s" else
+                  "% of the run's peak bandwidth" if metric == "share_of_peak_bandwidth"
+                  else "% of the read bandwidth beside it", fontsize=9)
+    handles = ([Line2D([], [], color=colors[k], linewidth=2, label=f"kernel {k}") for k in kernels]
+               + [Line2D([], [], color="black", linestyle=style[:-1], marker=style[-1], markersize=3, label=f"batch {b}")
+                  for b, style in zip(batches, ["-o", "--s", ":^", "-.v"])])
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8)
+    fig.suptitle(f"Decode step of one attention layer, {title_suffix(result)}", fontsize=10)
     return fig
 
 
@@ -126,22 +139,26 @@ def bandwidth_note(result):
 
 
 def charts(result):
-    return {"tokens": (plot_decode(result, "tokens_per_s"), f"decode tokens per second against context, "
-                                                             f"{title_suffix(result)}"),
+    return {"tokens": (plot_decode(result, "tokens_per_s"), f"decode tokens per second of one attention layer against "
+                                                             f"context, a panel per model, {title_suffix(result)}"),
             "share": (plot_decode(result, shown_share(result)), f"decode step's share of {share_words(result)} "
-                                                                  f"against context, {title_suffix(result)}")}
+                                                                  f"against context, a panel per model, {title_suffix(result)}")}
 
 
 def tables(result):
     return "\n\n".join([bandwidth_note(result), decode_summary_table(result)] + [
-        f"Batch {batch}: tokens per second (one layer) and share of {share_words(result)}\n\n"
+        f"Batch {batch}: tok/s (tokens per second, one layer) · share of {share_words(result)}\n\n"
         + decode_table(result, batch) for batch in axes(result)[2]])
 
 
 def page(result, images):
-    section = result[NAME]
+    """The run on the Benchmarks page: the fastest kernel per model at the two longest contexts, the tokens chart; the
+    bandwidth chart and every kernel and context collapsed."""
+    section, images = result[NAME], dict(images)
     return "\n\n".join([
-        f"The fastest kernel per model, {section['num_heads']} query heads of {section['head_dim']} (MHA, GQA, MQA, the "
-        f"model families' layers and MLA at those sizes), one attention layer; each cell: tokens per second and the share of {share_words(result)}:",
-        decode_summary_table(result), *images.values(), bandwidth_note(result)] + [
-        collapsed(f"Batch {batch}: every kernel and context", decode_table(result, batch)) for batch in axes(result)[2]])
+        f"One attention layer of {section['num_heads']} query heads of {section['head_dim']} (MHA, GQA, MQA, the model "
+        f"families' layers and MLA at those sizes): the fastest kernel's tokens per second · share of "
+        f"{share_words(result)}, at the two longest contexts:",
+        decode_summary_table(result, contexts=axes(result)[3][-2:]), images.pop("tokens", ""), bandwidth_note(result),
+        collapsed("Every kernel and context, and the share of the bandwidth against context", "\n\n".join(
+            [f"**Batch {batch}**\n\n{decode_table(result, batch)}" for batch in axes(result)[2]] + list(images.values())))])

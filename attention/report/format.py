@@ -59,10 +59,16 @@ def collapsed(title, body, kind="note"):
     return f'??? {kind} "{title}"\n\n' + textwrap.indent(body, "    ")
 
 
-def short_cpu(name):
-    """A CPU model as people say it: "Intel(R) Xeon(R) Processor" -> "Xeon", "AMD EPYC 7R13 Processor" -> "EPYC 7R13"."""
-    name = re.sub(r"\((R|TM)\)|\b(Intel|AMD|Processor|CPU)\b|\b\d+-Core\b|@.*", " ", name)
+def short_cpu(name, vendor=False):
+    """A CPU model as people say it: "Intel(R) Xeon(R) Processor" -> "Xeon", "AMD EPYC 7R13 Processor" -> "EPYC 7R13"
+    ("Intel Xeon", "AMD EPYC 7R13" with `vendor`)."""
+    name = re.sub(r"\((R|TM)\)|\b(Processor|CPU)\b|\b\d+-Core\b|@.*" + ("" if vendor else r"|\b(Intel|AMD)\b"), " ", name)
     return " ".join(name.split()) or name
+
+
+def reader_device(device):
+    """A device as its owner names it: "AMD EPYC, 2 cores" (a CPU, its logical cores), a GPU by its name."""
+    return device["name"] if device["type"] != "cpu" else f"{short_cpu(device['cpu'], True)}, {device['cpu_count']} cores"
 
 
 def device_label(device):

@@ -173,12 +173,11 @@ def bf16_conclusion(projection_speed, elementwise_speed, amx):
     return opening + rest
 
 
-def bf16_classes_sentence(run_labels, mode_title, groups):
-    """The recorded runs' bfloat16 speed per kind of kernel: `groups` is {kind: [speed, ...]} with the kinds
-    "fused" (SDPA or FlexAttention doing the whole call), "tiled" (tiles in Python, scores never whole),
-    "written out" (the `(B, H, T, T)` scores as tensors), each speed float32 ms / bfloat16 ms; `run_labels`:
-    the runs as `file_label` names them."""
-    names = " and ".join(run_labels)
+def bf16_classes_sentence(mode_title, groups):
+    """Recorded runs' bfloat16 speed per kind of kernel in one mode (`mode_title`, with its shape): `groups` is
+    {kind: [speed, ...]} with the kinds "fused" (SDPA or FlexAttention doing the whole call), "tiled" (tiles in
+    Python, scores never whole), "written out" (the `(B, H, T, T)` scores as tensors), each speed float32 ms /
+    bfloat16 ms."""
     parts = []
     for kind, what in (("fused", "on fused kernels"), ("tiled", "on tiles (`tiled`)"),
                        ("written out", "that write out the scores")):
@@ -188,7 +187,7 @@ def bf16_classes_sentence(run_labels, mode_title, groups):
         span = times(speeds[0], "×") if len(speeds) == 1 else f"{times(speeds[0], '×')} to {times(speeds[-1], '×')}"
         count = f"the {len(speeds)} classes" if len(speeds) > 1 else "the class"
         parts.append(f"{count} {what} at {span}")
-    return f"In the recorded runs {names} ({mode_title}): " + ", ".join(parts) + " their float32 speed."
+    return f"{mode_title[0].upper()}{mode_title[1:]}: " + ", ".join(parts) + " their float32 speed."
 
 
 # --- The tiled page --------------------------------------------------------------------------------------

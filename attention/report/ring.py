@@ -3,8 +3,11 @@ section of the Benchmarks page (the sweep itself: `attention.bench.sweeps.ring`)
 """
 
 from attention.bench import core
+from attention.bench.results import is_stale
 from attention.bench.sweeps.ring import MODES, NAME
-from attention.report.format import MODE_TITLES, mebibytes, nested, number, percent, table, title_suffix
+from attention.report import prose
+from attention.report.format import (MODE_TITLES, device_label, mebibytes, nested, number, status_cell, table,
+                                       title_suffix)
 
 
 def ring_rows(result):
@@ -12,37 +15,26 @@ def ring_rows(result):
     return nested((result.get(NAME) or {}).get("rows", []), "world_size", "mode")
 
 
-def cell(row, value):
-    """A table cell of `row` (None: not run): `value(row)` if it ran and was correct, else what happened."""
-    if row is None or row["status"] != "ok":
-        return "" if row is None else row["status"]
-    return value(row) if row["correct"] is True else "WRONG"
-
-
-def timing(row):
-    return f"{number(row['ms_median'])} ({number(row['tflops'])} TFLOP/s, {percent(row['share_of_paired_matmul'])})"
-
-
-def sent(row):  # process 0's bytes per call, counted, against the computed
-    return f"{sum(row['rank_sent_bytes'][0]) / 2**10:,.0f} / {sum(row['expected_sent_bytes']) / 2**10:,.0f}"
+def both_modes(pair, value):
+    """A cell of both modes' `value`, "forward / forward + backward"; a row that did not run or was not correct
+    says why (`format.status_cell`)."""
+    return " / ".join(status_cell(pair.get(mode), value) or "—" for mode in MODES)
 
 
 def ring_table(result):
-    """Per process count: memory per process, time and rate of both modes, and the bytes sent against the expected."""
+    """Per process count: memory per process, time and bytes sent (forward / forward + backward), and whether every
+    process sent exactly the bytes computed from the shapes."""
     lines = []
     for world_size, pair in ring_rows(result).items():
-        forward, both = pair.get("forward"), pair.get("forward_backward")
-        counted = [row["sent_as_expected"] for row in (forward, both) if row is not None and row["status"] == "ok"]
-        first = forward or both
-        lines.append([world_size, first["local_len"], first["threads_per_process"] or "—",
-                      mebibytes(first["shard_bytes"]), cell(forward, lambda r: mebibytes(r["peak_memory_bytes"])),
-                      cell(both, lambda r: mebibytes(r["peak_memory_bytes"])), cell(forward, timing), cell(both, timing),
-                      f"{first['kv_block_bytes'] / 2**10:,.0f}", cell(forward, sent), cell(both, sent),
+        counted = [row["sent_as_expected"] for row in pair.values() if row["status"] == "ok"]
+        first = pair.get("forward") or pair.get("forward_backward")
+        lines.append([world_size, first["local_len"], mebibytes(first["shard_bytes"]),
+                      both_modes(pair, lambda r: mebibytes(r["peak_memory_bytes"])),
+                      both_modes(pair, lambda r: number(r["ms_median"])), f"{first['kv_block_bytes'] / 2**10:,.0f}",
+                      both_modes(pair, lambda r: f"{sum(r['rank_sent_bytes'][0]) / 2**10:,.0f}"),
                       "—" if not counted else "yes" if all(counted) else "NO"])
-    return table(["P", "T / P", "threads each", "shard MiB", "forward peak MiB", "fwd + bwd peak MiB",
-                  "forward ms (rate, share)", "fwd + bwd ms (rate, share)", "K/V block KiB",
-                  "sent per forward KiB (counted / expected)", "sent per fwd + bwd KiB (counted / expected)",
-                  "counted = expected"], lines)
+    return table(["P", "T / P", "shard MiB", "peak MiB (fwd / fwd+bwd)", "ms (fwd / fwd+bwd)", "K/V block KiB",
+                  "sent KiB (fwd / fwd+bwd)", "sent = computed"], lines)
 
 
 def plot_ring(result):
@@ -54,11 +46,9 @@ def plot_ring(result):
     memory, timing = fig.subplots(1, 2)
     for mode, marker in zip(MODES, "os"):
         points = [(p, pair[mode]) for p, pair in rows.items() if core.usable(pair.get(mode))]
-        if points:
-            sizes = [p for p, _ in points]
-            memory.plot(sizes, [(r["shard_bytes"] + r["peak_memory_bytes"]) / 2**20 for _, r in points], marker=marker,
-                        label=mode.replace("_", " + "))
-            timing.plot(sizes, [r["ms_median"] for _, r in points], marker=marker, label=mode.replace("_", " + "))
+        for ax, value in ((memory, lambda r: (r["shard_bytes"] + r["peak_memory_bytes"]) / 2**20),
+                          (timing, lambda r: r["ms_median"])):
+            ax.plot([p for p, _ in points], [value(r) for _, r in points], marker=marker, label=mode.replace("_", " + "))
     for ax, ylabel, title in ((memory, "shard + call's peak, largest process (MiB)", "Tensor memory per process"),
                               (timing, "ms per call (median, slowest process)", "Time per call")):
         ax.set_xscale("log", base=2)
@@ -124,8 +114,23 @@ def tables(result):
     return "\n\n".join(part for part in (ring_table(result), bytes_note(result), cores_note(result)) if part)
 
 
-def page(result, images):
-    return "\n\n".join(part for part in (
-        (f"Context-parallel (ring) attention on {sizes_text(result[NAME])} split over P local processes (gloo); each "
-         "call checked against the float64 reference on the whole sequence, its time the slowest process's:"),
-        ring_table(result), *images.values(), bytes_note(result), cores_note(result)) if part)
+def page(result, images, path=None):
+    """The run's section of the Benchmarks page; with the run's `path`, the ring page's: led by the run's file and
+    device, with the memory per process and the reference check in words."""
+    rows, device = ring_rows(result), result["provenance"]["device"]
+    fewest, most = (rows[p].get("forward_backward") for p in (min(rows), max(rows)))
+    checked = [row for pair in rows.values() for row in pair.values()]
+    memory = (f"The forward + backward call's peak per process falls from {mebibytes(fewest['peak_memory_bytes'])} MiB on "
+              f"{fewest['world_size']} {'process' if fewest['world_size'] == 1 else 'processes'} to "
+              f"{mebibytes(most['peak_memory_bytes'])} MiB on {most['world_size']}, beside shards of "
+              f"{mebibytes(fewest['shard_bytes'])} and {mebibytes(most['shard_bytes'])} MiB. "
+              if core.usable(fewest) and core.usable(most) else "")
+    verdict = ("Every call matched the reference" if all(map(core.usable, checked)) else "NOT every call matched the "
+               "reference") + f" (largest difference {max(row['max_abs_error'] or 0.0 for row in checked):.1e})."
+    lead = (f"From the recorded run {prose.file_label(path, is_stale(result))}: {device_label(device)}, "
+            f"{device['cpu_count']} cores, {result['dtype']}, recorded {result['provenance']['date_utc'][:10]}; "
+            f"{sizes_text(result[NAME])}:" if path else
+            f"Context-parallel (ring) attention on {sizes_text(result[NAME])} split over P local processes (gloo); each "
+            "call checked against the float64 reference on the whole sequence, its time the slowest process's:")
+    return "\n\n".join(part for part in (lead, ring_table(result), *images.values(), memory + verdict if path else "",
+                                         bytes_note(result), cores_note(result)) if part)

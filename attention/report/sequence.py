@@ -30,6 +30,16 @@ def fewer_kv_heads(row):
     return row.get("num_kv_heads") is not None and row["num_kv_heads"] != row["num_heads"]
 
 
+def kernel_kind(row, mode, device_type="cpu"):
+    """How a row's attention handles the `(B, H, T, T)` scores in `mode`: "fused" (an SDPA kernel other than math, or
+    FlexAttention, whose backward is fused on CUDA only), "tiled" (`tiled`), or "written out" (as tensors)."""
+    if row["implementation"] == "tiled":
+        return "tiled"
+    if "flex" in row["implementation"]:
+        return "fused" if mode == "forward" or device_type == "cuda" else "written out"
+    return "fused" if any(name not in ("n/a", "math") for name in row["sdpa_backends"] or []) else "written out"
+
+
 def matmul_share(row):
     """The row's share of the matmul rate: the paired one where the run has it, else the run-level one."""
     paired = row.get("share_of_paired_matmul")
@@ -43,9 +53,20 @@ def drift_free(row, key="ms_median"):
     return row[key] * (row.get("matmul_tflops_paired") or 1.0)
 
 
+def spread(row, value):
+    return value(row, "ms_q3") - value(row, "ms_q1")
+
+
 def tied(row, other):
-    """True when the run cannot tell two rows apart: their IQRs, corrected for the drift (`drift_free`), overlap."""
-    return drift_free(row, "ms_q1") <= drift_free(other, "ms_q3") and drift_free(other, "ms_q1") <= drift_free(row, "ms_q3")
+    """True unless one of two rows clearly leads: faster by the raw medians and by the drift-corrected ones
+    (`drift_free`), each time by a gap larger than both rows' IQR. The correction is itself an estimate of a few
+    percent, so an order it alone makes, or a gap inside the noise, is a tie."""
+    orders = []
+    for value in (lambda r, key: r[key], drift_free):  # raw, then at one machine speed
+        first, second = sorted((row, other), key=lambda r: value(r, "ms_median"))
+        gap = value(second, "ms_median") - value(first, "ms_median")
+        orders.append(first is row if gap > max(spread(row, value), spread(other, value)) else None)
+    return orders[0] is None or orders[0] != orders[1]
 
 
 def slower_by(row, fastest_row):
@@ -53,10 +74,15 @@ def slower_by(row, fastest_row):
     return f"+{(drift_free(row) / drift_free(fastest_row) - 1) * 100:.0f}%"
 
 
+def within(best, rows):
+    """The widest drift-corrected gap between `best` and `rows`, as "within 2%" (rounded up)."""
+    return f"within {math.ceil(max((drift_free(r) / drift_free(best) - 1 for r in rows), default=0) * 100):.0f}%"
+
+
 def fastest(result):
     """Per shape (by batch, then length) and mode: the fastest correct row by drift-corrected median, the rows tied
-    with it and the next one, `{mode, batch, seq_len, compiled, fastest, tied, next}`. Rows with fewer K/V heads
-    (another model) do not compete."""
+    with it (`tied`) and the first row it clearly leads, `{mode, batch, seq_len, compiled, fastest, tied, next}`.
+    Rows with fewer K/V heads (another model) do not compete."""
     groups = {}
     for row in (row for row in result["rows"] if usable(row) and not fewer_kv_heads(row)):
         groups.setdefault((row["batch"], row["seq_len"], row["mode"], row["compiled"]), []).append(row)
@@ -69,6 +95,12 @@ def fastest(result):
     return summary
 
 
+def leaders(entry):
+    """A `fastest` entry's answer: "`a`" where one class clearly leads, else "`a` ≈ `b` (within 2%)"."""
+    names = " ≈ ".join(f"`{row['label']}`" for row in [entry["fastest"], *entry["tied"]])
+    return names + (f" ({within(entry['fastest'], entry['tied'])})" if entry["tied"] else "")
+
+
 # --- Tables and charts ----------------------------------------------------------------------------------------------
 
 def verdict(row):
@@ -79,11 +111,11 @@ def verdict(row):
     return "yes" if row["correct"] else "unchecked" + (f": {row['reason']}" if row["reason"] else "")
 
 
-def results_table(result, mode="forward", batch=None, seq_len=None):
-    """Every class at one shape (default the headline) in `mode`: rank, median ms, IQR, TFLOP/s, % of the paired
-    matmul, peak MiB, SDPA backend, compile s, correct. Correct rows first, by median; the others unranked. A note
-    names rows measured on a contended CPU."""
-    rows = shape_rows(result, mode, batch, seq_len)
+def results_table(result, mode="forward", batch=None, seq_len=None, labels=None):
+    """Every class (of `labels`, default all) at one shape (default the headline) in `mode`: rank, median ms, IQR,
+    TFLOP/s, % of the paired matmul, peak MiB, SDPA backend, compile s, correct. Correct rows first, by median; the
+    others unranked. A note names rows measured on a contended CPU."""
+    rows = [row for row in shape_rows(result, mode, batch, seq_len) if labels is None or row["label"] in labels]
     order = sorted(filter(usable, rows), key=lambda r: r["ms_median"]) + [r for r in rows if not usable(r)]
     lines = table(["#", "implementation", "ms (median)", "IQR ms", "TFLOP/s", "% of matmul", "peak MiB", "SDPA backend",
                    "compile s", "correct"], [
@@ -129,13 +161,14 @@ def yardstick_note(result):
             f"and after each shape: {number(peak['tflops'])}).")
 
 
-def markdown_tables(result, include_sweep=False):
-    """A heading and `results_table` per mode at the headline shape; with `include_sweep`, the `sweep_table`s of
-    time and memory per mode too."""
+def markdown_tables(result, include_sweep=False, shape=None):
+    """A heading and `results_table` per mode at `shape` (`(batch, seq_len)`, default the headline); with
+    `include_sweep`, the `sweep_table`s of time and memory per mode too."""
     config, parts = result["config"], []
+    batch, seq_len = shape or (config["batch"], config["seq_len"])
     for mode in config["modes"]:
-        parts += [f"#### {MODE_TITLES[mode]}, {result['dtype']}, B={config['batch']}, T={config['seq_len']}, "
-                  f"d_model={config['d_model']}, {config['num_heads']} heads\n", results_table(result, mode), ""]
+        parts += [f"#### {MODE_TITLES[mode]}, {result['dtype']}, B={batch}, T={seq_len}, d_model={config['d_model']}, "
+                  f"{config['num_heads']} heads\n", results_table(result, mode, batch, seq_len), ""]
         for metric, what in (("ms_median", "median ms"), ("peak_memory_bytes", "peak MiB")) if include_sweep else ():
             if sweep_rows(result, mode):
                 parts += [f"#### {MODE_TITLES[mode]}: {what} against T (B={config['sweep_batch']})\n",
@@ -145,13 +178,14 @@ def markdown_tables(result, include_sweep=False):
 
 
 def fastest_cell(entry):
-    """One `fastest` entry in words: the fastest row and its median, the rows tied with it, how much slower the next is."""
+    """One `fastest` entry in words: the class that clearly leads and its median, or the tied classes (`leaders`) and
+    their medians; then how much slower the first clearly slower class is."""
     if entry is None:
         return "—"
     best, after = entry["fastest"], entry["next"]
-    return (f"`{best['label']}` {number(best['ms_median'])} ms" + ("; tied: " + ", ".join(
-        f"`{r['label']}` {number(r['ms_median'])}" for r in entry["tied"]) if entry["tied"] else "")
-        + (f"; next `{after['label']}` {slower_by(after, best)}" if after else ""))
+    times = sorted(row["ms_median"] for row in [best, *entry["tied"]])
+    return (f"{leaders(entry)}: {number(times[0])}" + (f"–{number(times[-1])}" if len(times) > 1 else "") + " ms"
+            + (f"; next `{after['label']}` {slower_by(after, best)}" if after else ""))
 
 
 def fastest_table(result):
@@ -190,12 +224,13 @@ def memory_slope_table(result, shortest=2048):
 
 
 def plot_bars(result):
-    """Median time per class at the headline shape, a panel per mode, error bars over the IQR; incorrect rows hatched
-    red, rows with fewer K/V heads orange; failed and skipped rows left out."""
+    """Median time per class at the run's `page_shape`, a panel per mode, error bars over the IQR; incorrect rows
+    hatched red, rows with fewer K/V heads orange; failed and skipped rows left out."""
     from matplotlib.figure import Figure
 
-    config, panels = result["config"], [sorted((r for r in shape_rows(result, mode) if r["status"] == "ok"),
-                                               key=lambda r: -r["ms_median"]) for mode in result["config"]["modes"]]
+    config, (batch, seq_len) = result["config"], page_shape(result)
+    panels = [sorted((r for r in shape_rows(result, mode, batch, seq_len) if r["status"] == "ok"),
+                     key=lambda r: -r["ms_median"]) for mode in config["modes"]]
     fig = Figure(figsize=(6.0 * len(panels), max(2.5, 0.32 * max(map(len, panels), default=1) + 1.2)))
     for ax, mode, rows in zip(fig.subplots(1, len(panels), squeeze=False)[0], config["modes"], panels):
         bars = ax.barh([r["label"] + (f" ({r['num_kv_heads']} K/V)" if fewer_kv_heads(r) else "")
@@ -206,7 +241,7 @@ def plot_bars(result):
                               for r in rows])
         for bar, row in zip(bars, rows):
             bar.set_hatch("//" if row["correct"] is False else "")
-        ax.set(title=f"{MODE_TITLES[mode]}, B={config['batch']}, T={config['seq_len']}",
+        ax.set(title=f"{MODE_TITLES[mode]}, B={batch}, T={seq_len}",
                xlabel="time per call (ms, median; bars: IQR)")
         ax.grid(axis="x", alpha=0.3)
     grouped = " (orange: fewer K/V heads)" if any(fewer_kv_heads(r) for rows in panels for r in rows) else ""
@@ -275,7 +310,8 @@ def plot_memory_vs_seq_len(result, mode="forward"):
 def charts(result):
     """Time per class at the headline shape; time and memory against T for each mode the sweep measured."""
     device, found = title_suffix(result), {}
-    found["bars"] = (plot_bars(result), f"median time per implementation at the headline shape, {device}")
+    found["bars"] = (plot_bars(result), f"median time per implementation at B={page_shape(result)[0]}, "
+                                        f"T={page_shape(result)[1]}, {device}")
     for mode in (mode for mode in result["config"]["modes"] if sweep_series(result, mode, "ms_median")):
         found[f"time-{mode}"] = (plot_time_vs_seq_len(result, mode), f"{MODE_TITLES[mode]} time against T, {device}")
         found[f"memory-{mode}"] = (plot_memory_vs_seq_len(result, mode),
@@ -288,12 +324,27 @@ def tables(result):
     return markdown_tables(result, include_sweep=result["profile"] == "long")
 
 
+def page_shape(result):
+    """The shape a run's page section leads with: its headline `(batch, seq_len)`, except where the headline is the
+    shortest length of the sweep (the long profile), then the longest length at which every class measured in every
+    mode (the sweep batch)."""
+    config, lengths = result["config"], sorted(result["config"]["seq_lens"] or [])
+    if len(lengths) < 2 or (config["batch"], config["seq_len"]) != (config["sweep_batch"], lengths[0]):
+        return config["batch"], config["seq_len"]
+    labels = {row["label"] for row in result["rows"]}
+    complete = [t for t in lengths if all({r["label"] for r in shape_rows(result, mode, config["sweep_batch"], t)
+                                           if usable(r)} == labels for mode in config["modes"])]
+    return config["sweep_batch"], max(complete, default=config["seq_len"])
+
+
 def page(result, images):
-    """One run on the Benchmarks page: its shape, headline tables, charts; the sweep's tables collapsed."""
+    """One run on the Benchmarks page: its shape, the tables at `page_shape`, charts; the sweep's tables collapsed."""
     config, sweep_charts = result["config"], "\n\n".join(image for kind, image in images.items() if kind != "bars")
-    parts = [f"Headline shape: batch {config['batch']}, T = {config['seq_len']}; the sweep runs batch "
-             f"{config['sweep_batch']}, T = {', '.join(map(str, config['seq_lens']))}.",
-             re.sub(r"^#### (.*)$", r"**\1**", markdown_tables(result), flags=re.MULTILINE),  # not in the page's TOC
+    batch, seq_len = page_shape(result)
+    parts = [f"At batch {batch}, T = {seq_len}" + ("" if (batch, seq_len) == (config["batch"], config["seq_len"]) else
+                                                   ", the longest length every class measured")
+             + f"; the sweep runs batch {config['sweep_batch']}, T = {', '.join(map(str, config['seq_lens']))}.",
+             re.sub(r"^#### (.*)$", r"**\1**", markdown_tables(result, shape=(batch, seq_len)), flags=re.MULTILINE),
              images.get("bars", ""), sweep_charts and collapsed("Time and peak memory against T (charts)", sweep_charts)]
     if any(len(fit["lengths"]) > 2 for fit in memory_slopes(result, "forward").values()):  # a fit of 3 lengths or more
         parts.append("Peak memory of one call against T, the growth fitted over T ≥ 2048 (below it the weights' "

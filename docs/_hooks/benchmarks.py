@@ -152,8 +152,8 @@ def runs_section(folder):  # the runs recorded in docs/results/<folder>/
     if not runs:
         return (f"No run is recorded in `docs/results/{folder}/` yet: `python -m attention.bench --profile {folder} "
                 f"--out docs/results/{folder}/<device>-{folder}-float32.json` records one.")
-    return "\n\n".join(run_body(result, state["charts"][slug(folder, path)], f"**`docs/results/{folder}/{path.name}`**")
-                       for path, result in runs)
+    return "\n".join(tab(f"{report.device_label(result['provenance']['device'])}, {result['dtype']}", run_body(
+        result, state["charts"][slug(folder, path)], f"**`docs/results/{folder}/{path.name}`**")) for path, result in runs)
 
 
 def benchmark_tabs(_=None):
@@ -192,27 +192,14 @@ def fastest_section(_=None):
     return "\n\n".join(parts)
 
 
-def short_answer(_=None):
-    """Home's answer: per default-profile run, each mode's fastest correct class at the headline shape, and its ties."""
-    blocks = []
-    for result in (result for _, result in state["recorded"] if result["profile"] == "default"):
-        config = result["config"]  # indented below to stay inside the admonition that holds the placeholder
-        blocks.append(f"On {report.device_label(result['provenance']['device'])} in {result['dtype']} (B={config['batch']}, "
-                      f"T={config['seq_len']}, recorded {result['provenance']['date_utc'][:10]}"
-                      + (", predates the current code" if report.is_stale(result) else "") + "):\n\n" + "\n".join(
-                          f"    * {report.MODE_TITLES[entry['mode']]}: {report.fastest_cell(entry)}"
-                          for entry in report.fastest(result) if (entry["batch"], entry["seq_len"], entry["compiled"])
-                          == (config["batch"], config["seq_len"], False)))
-    return "\n\n    ".join(blocks) or "No default-profile run is recorded yet; see [Benchmarks](benchmarks.md)."
-
-
 def dtype_section(_=None):
-    """bfloat16 against float32 for every device (by identity) with recorded runs of one profile in both dtypes."""
+    """bfloat16 against float32 for every device (by identity) with recorded runs of one profile in both dtypes: what
+    changed, per mode, in words; the table per class collapsed."""
     parts = [part for fp32, bf16 in report.dtype_pairs(state["recorded"]) for part in [
         f"**{report.device_label(fp32['provenance']['device'])}** ({fp32['profile']} profile; float32 recorded "
-        f"{fp32['provenance']['date_utc'][:10]}, bfloat16 {bf16['provenance']['date_utc'][:10]}). "
-        + report.dtype_comparison_table(fp32, bf16)] + [report.dtype_verdict(fp32, bf16, mode) for mode in
-                                                        report.dtype_comparison(fp32, bf16)["modes"]]]
+        f"{fp32['provenance']['date_utc'][:10]}, bfloat16 {bf16['provenance']['date_utc'][:10]})."] + [
+        report.dtype_verdict(fp32, bf16, mode) for mode in report.dtype_comparison(fp32, bf16)["modes"]] + [
+        report.collapsed("Every class, both dtypes", report.dtype_comparison_table(fp32, bf16))]]
     return "\n\n".join(parts + ["Why, measured piece by piece (the projections' matmuls, the attention core, the softmax): "
                                 "[bfloat16 on a CPU](examples/benchmark.py#bfloat16-on-a-cpu)."]) if parts else \
         "No device has recorded runs in both float32 and bfloat16 yet."
@@ -246,7 +233,7 @@ PLACEHOLDERS = {
     "benchmark-schema.md": {r"<!-- fields: (\w+) -->": lambda match: fields_table(SWEEPS[match[1]].Row)},
     "benchmarks.md": {r"<!-- runs: ([\w-]+) -->": lambda match: runs_section(match[1]), "<!-- benchmark-tabs -->":
                       benchmark_tabs, "<!-- fastest -->": fastest_section, "<!-- dtype-comparison -->": dtype_section},
-    "index.md": {"<!-- headline-charts -->": headline_charts, "<!-- short-answer -->": short_answer}}
+    "index.md": {"<!-- headline-charts -->": headline_charts}}
 
 
 def on_page_markdown(markdown, page, config, files):

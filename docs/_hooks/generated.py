@@ -117,10 +117,12 @@ def install_lines(source):
     kind = source_kind(source)
     if kind == "web":
         where, clone, pip_source = f"the repository, <{source}>", source, source
+    elif kind == "path":  # a checkout without a web address: the commands below name its path
+        where = "the checkout this site was built from (local build)"
+        clone, pip_source = shlex.quote(source), pathlib.Path(source).as_uri()
     elif kind is not None:
         where = f"the repository (`{source}`: this site was built from a checkout without a web address)"
-        clone = shlex.quote(source)
-        pip_source = pathlib.Path(source).as_uri() if kind == "path" else source
+        clone, pip_source = shlex.quote(source), source
     else:
         where = "the repository this site was built from (its address could not be shown)"
         clone, pip_source = "REPOSITORY", "REPOSITORY"

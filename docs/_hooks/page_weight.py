@@ -22,7 +22,7 @@ of it can be cached, and a page of text and a few plots weighs megabytes. This h
   decides, is kept. `docs/_overrides/main.html` links it from the `<head>` of each executed page,
   after the theme's and `extra.css`: the same cascade as the inlined blocks had, which came last too.
 * `on_post_build` (last of all) measures the site as written, the total bytes and the largest page,
-  and writes it into the page that holds `<!-- site-size -->` (the Benchmarks page).
+  and writes it into the page that holds `<!-- site-size -->` (the Contributing page).
 """
 
 import base64

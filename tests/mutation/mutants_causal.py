@@ -31,7 +31,7 @@ MUTANTS = [
     Mutant("seq_first_scale_inverted", CAUSAL + "seq_first.py",
            "self.scale = 1 / math.sqrt(self.head_dim)", "self.scale = math.sqrt(self.head_dim)",
            "the scale multiplied where it should divide", implementation("seq_first")),
-    Mutant("grouped_decode_scale_by_head_dim", CAUSAL + "gqa.py",
+    Mutant("grouped_decode_scale_by_head_dim", "attention/decoding/kernels.py",
            "    scale = D**-0.5 if scale is None else scale\n", "    scale = D**-1 if scale is None else scale\n",
            "the decode kernel's scale 1/D instead of 1/sqrt(D)", "tests/test_kv_cache.py"),
     # Masks.

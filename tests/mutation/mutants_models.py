@@ -4,8 +4,11 @@ the query scale.
 
 Each family's layers are checked against transformers' own layer, built from a tiny random configuration
 that switches the family's mechanisms on at sizes where they bite (tests/test_models.py): that comparison
-(`equals_transformers`, one family at a time) is the fast check of most bugs here. A helper repeated as a
-marked copy (`# Same as attention/models/llama.py::...`) is mutated in the file it is defined in.
+(`equals_transformers`, one family at a time) is the fast check of most bugs here. The comparisons with the
+float64 reference (`float64_reference`), whose settings come from the configuration and not from the layer, need no
+transformers: the blind spots of a reference that read the layer's own attributes (a wrong scale, wrong YaRN
+frequencies) are planted for them. A helper repeated as a marked copy (`# Same as attention/models/llama.py::...`)
+is mutated in the file it is defined in.
 """
 
 from mutant import Mutant
@@ -20,6 +23,11 @@ def matches_transformers(family):
 
 LLAMA = "tests/test_models.py -k 'equals_transformers and (llama- or mistral or qwen2)'"
 
+
+def matches_the_reference(family):
+    """The comparison with the float64 reference, set from the config (no transformers needed)."""
+    return f"tests/test_models.py -k 'float64_reference and {family}'"
+
 MUTANTS = [
     # Where QK-norm goes.
     Mutant("qwen3_qk_norm_after_rope", MODELS + "qwen3.py",
@@ -27,12 +35,12 @@ MUTANTS = [
            "        k = self.k_norm(self.k_proj(x).view(B, T, -1, self.head_dim)).transpose(1, 2)  # (B, H_kv, T, D)\n"
            "        v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, H_kv, T, D)\n"
            "        cos, sin = rotary_cos_sin(self, start, T, x)  # (T, D) each\n"
-           "        return rotate(q, cos, sin), rotate(k, cos, sin), v",
+           "        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v",
            "        q = self.q_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)\n"
            "        k = self.k_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)\n"
            "        v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, H_kv, T, D)\n"
            "        cos, sin = rotary_cos_sin(self, start, T, x)  # (T, D) each\n"
-           "        return self.q_norm(rotate(q, cos, sin)), self.k_norm(rotate(k, cos, sin)), v",
+           "        return self.q_norm(apply_rotary(q, cos, sin)), self.k_norm(apply_rotary(k, cos, sin)), v",
            "Qwen3's QK-norm applied after RoPE (Llama 4's order) instead of before", matches_transformers("qwen3")),
     Mutant("olmo2_keys_not_normed", MODELS + "olmo2.py",
            "k = self.k_norm(self.k_proj(x)).view(B, T, -1, self.head_dim)", "k = self.k_proj(x).view(B, T, -1, self.head_dim)",
@@ -44,14 +52,14 @@ MUTANTS = [
     Mutant("llama4_l2_norm_before_rope", MODELS + "llama4.py",
            "        if self.use_rope:\n"
            "            cos, sin = interleaved_cos_sin(self, start, T, x)  # (T, D/2) each\n"
-           "            q, k = rotate_interleaved(q, cos, sin), rotate_interleaved(k, cos, sin)\n"
+           "            q, k = apply_rotary_interleaved(q, cos, sin), apply_rotary_interleaved(k, cos, sin)\n"
            "        if self.qk_norm == \"l2\":  # after RoPE: a unit-RMS query and key per head, no weight\n"
            "            q, k = l2_norm(q, self.norm_eps), l2_norm(k, self.norm_eps)\n",
            "        if self.qk_norm == \"l2\":\n"
            "            q, k = l2_norm(q, self.norm_eps), l2_norm(k, self.norm_eps)\n"
            "        if self.use_rope:\n"
            "            cos, sin = interleaved_cos_sin(self, start, T, x)  # (T, D/2) each\n"
-           "            q, k = rotate_interleaved(q, cos, sin), rotate_interleaved(k, cos, sin)\n",
+           "            q, k = apply_rotary_interleaved(q, cos, sin), apply_rotary_interleaved(k, cos, sin)\n",
            "Llama 4's weightless L2 norm moved before RoPE (Qwen3's order)", matches_transformers("llama4"),
            equivalent="a rotation keeps every pair's length, so the mean of squares a weightless RMS norm divides by is the "
                       "same before and after RoPE: the two orders agree to rounding whenever RoPE's attention factor is 1 "
@@ -112,6 +120,15 @@ MUTANTS = [
            "return (1 - blend) * inv_freq / factor + blend * inv_freq, 1.0",
            "return blend * inv_freq / factor + (1 - blend) * inv_freq, 1.0",
            "Llama 3.1's RoPE scaling stretches the fast pairs and keeps the slow ones", LLAMA),
+    Mutant("gemma3_query_scale_of_head_dim", MODELS + "gemma3.py",
+           "self.scaling = query_pre_attn_scalar ** -0.5", "self.scaling = self.head_dim**-0.5",
+           "Gemma 3's query scale 1/sqrt(head_dim), not query_pre_attn_scalar ** -0.5 (168 against 128 in the 27B): "
+           "a reference set from the layer's own `scaling` agreed with it", matches_the_reference("gemma3")),
+    Mutant("yarn_ramp_reversed", MODELS + "llama.py",
+           "return (1 - ramp) * inv_freq + ramp * inv_freq / factor, float(attention_factor)",
+           "return (1 - ramp) * inv_freq / factor + ramp * inv_freq, float(attention_factor)",
+           "YaRN's ramp the wrong way round: the fast pairs divided by the factor and the slow ones kept (a reference "
+           "rotating with the layer's own frequencies agreed with it)", matches_the_reference("qwen2")),
     Mutant("yarn_attention_factor_dropped", MODELS + "llama.py",
            "return (1 - ramp) * inv_freq + ramp * inv_freq / factor, float(attention_factor)",
            "return (1 - ramp) * inv_freq + ramp * inv_freq / factor, 1.0",
@@ -127,27 +144,27 @@ MUTANTS = [
            "tests/test_models.py -k 'cached_decoding and (llama- or mistral)'"),
     # Decoding through the grouped matmuls.
     Mutant("llama4_decode_kernel_ignored", MODELS + "llama4.py",
-           "context = cached_attention(q, keys, values, mask, self.scaling, self.decode_kernel,",
-           "context = cached_attention(q, keys, values, mask, self.scaling, \"auto\",",
+           "attn_output = cached_attention(q, keys, values, mask, self.scaling, self.decode_kernel,",
+           "attn_output = cached_attention(q, keys, values, mask, self.scaling, \"auto\",",
            "the layer's decode_kernel never passed on: every cached call takes auto's choice",
            "tests/test_models.py -k 'decode_kernel and llama4'"),
     Mutant("gemma3_decode_default_scale", MODELS + "gemma3.py",
-           "context = cached_attention(q, keys, values, mask, self.scaling, self.decode_kernel,",
-           "context = cached_attention(q, keys, values, mask, None, self.decode_kernel,",
+           "attn_output = cached_attention(q, keys, values, mask, self.scaling, self.decode_kernel,",
+           "attn_output = cached_attention(q, keys, values, mask, None, self.decode_kernel,",
            "Gemma 3's scale (1/sqrt(query_pre_attn_scalar)) replaced by 1/sqrt(head_dim), SDPA's default",
            matches_transformers("gemma3")),
     Mutant("llama_full_forward_as_over_a_cache", MODELS + "llama.py",
            "over_cache=cache is not None)", "over_cache=True)",
            "a call without a cache attended as over one: no mask (a global layer) read as every key, not causal",
            matches_transformers("llama-")),
-    Mutant("cached_sdpa_causal_over_a_cache", "attention/causal/gqa.py",
+    Mutant("cached_sdpa_causal_over_a_cache", "attention/decoding/kernels.py",
            "is_causal=not over_cache and mask is None,", "is_causal=mask is None,",
            "SDPA's is_causal over a cache: one new token (no mask) aligned top-left, it attends to position 0 only",
            "tests/test_models.py -k 'decode_kernel and sdpa and llama-'"),
     # The written-out layers (soft-cap, sinks): K/V heads read where they lie.
     Mutant("gemma2_values_broadcast_over_query_heads", MODELS + "gemma2.py",
-           "context = per_head_matmul(attn_weights.reshape(B, H_kv, group * T, S), v)",
-           "context = (attn_weights @ v.unsqueeze(2)).reshape(B, H_kv, group * T, -1)",
+           "attn_output = per_head_matmul(attn_weights.reshape(B, H_kv, group * T, S), v)",
+           "attn_output = (attn_weights @ v.unsqueeze(2)).reshape(B, H_kv, group * T, -1)",
            "the weighted values as a matmul broadcasting V over each K/V head's query heads: right numbers, but a copy of "
            "the value cache per query head at every step", "tests/test_models.py -k 'reads_the_cache and gemma2'"),
     # Configs and masks (issue 44): a dropped check lets a value through that gives silent zeros, NaN or full attention.

@@ -17,11 +17,11 @@ from typing import Annotated
 import torch
 import torch.nn.functional as F
 
-from attention.bench import core, metrics
+from attention.bench import core
 from attention.bench.results import BYTES, MAX_ROWS, POSITIVE, disordered, mismatches, new_row
 from attention.schema import PROSE, SECONDS, field_rules, in_range, integer, list_of, mapping, one_of, record, rule_of
 from attention.masks import and_masks, bigbird, block_mask, causal, dense_mask, document, sliding_window
-from attention.reference import reference_kernel
+from attention.reference import reference_kernel, tolerance
 
 NAME = "block_sparse"
 KEY = ("pattern", "kernel", "seq_len")  # what tells a row apart in its section
@@ -140,8 +140,8 @@ def pattern_rows(config, pattern, seq_len, envelope, yardstick):
         row = new_row(Row, pattern=pattern, kernel=kernel, seq_len=seq_len, batch=B, num_heads=H, head_dim=D,
                       mode="forward", mask_density=attended / seq_len**2, block_share=block_share, mask_bytes=mask_bytes,
                       block_mask_s=mask_s, checked_queries=len(checked), flops=4 * B * H * D * attended,
-                      flops_dense=4 * B * H * D * seq_len**2, status="ok", tolerance=metrics.TOLERANCES[
-                          envelope.result["dtype"]])
+                      flops_dense=4 * B * H * D * seq_len**2, status="ok",
+                      tolerance=tolerance(envelope.device, envelope.result["dtype"]))
 
         def call(kernel_call=kernel_call):
             with torch.no_grad():

@@ -2,15 +2,15 @@
 
 A step attends from one new token over every cached one, reading the whole cache and the layer's weights
 for little arithmetic, so memory bandwidth, not the matmul rate, bounds it: its yardstick is a large read
-(a sum over `bandwidth_bytes`) timed beside each row. For each model (`MODELS`: a kind of attention layer),
-each kernel it runs, each batch size and each context, the sweep builds the layer and its cache (through
-the `DecodingCache` contract of `attention.causal`: it fills it with `update` and times the same step again
+(a sum over `bandwidth_bytes`) timed beside each row. For each kind of attention layer (`LAYERS`), each kernel
+it runs, each batch size and each context, the sweep builds the layer and its cache (through the
+`attention.decoding.DecodingCache` contract: it fills it with `update` and times the same step again
 with `rewind`, never touching its fields), checks the step against the model's float64 reference, and
 records the tokens per second, the bytes the step must read over its time as a share of the bandwidth
 measured beside it, and its FLOPs against a large matmul's rate sampled through the run.
 
 One step is one token per sequence through one attention layer (no MLP, no other layers): a model's tokens
-per second are this divided by its layer count, at most. A model is a `Model` record, a line in `MODELS`.
+per second are this divided by its layer count, at most. A kind of layer is a `Layer` record, a line in `LAYERS`.
 """
 
 import dataclasses
@@ -24,12 +24,13 @@ import torch
 from attention.bench import core, metrics
 from attention.bench.results import BYTES, MAX_ROWS, POSITIVE, RATE, SHARE, disordered, mismatches, new_row
 from attention.schema import config_problems, field_rules, in_range, integer, list_of, nullable, one_of, record, text
-from attention.causal.gqa import DECODE_KERNELS, GroupedQueryAttention
-from attention.models import MODELS as FAMILIES
+from attention.causal.gqa import GroupedQueryAttention
+from attention.decoding import DECODE_KERNELS
+from attention.models import MODELS
 from attention.models.deepseek_v3 import LATENT_NORM_EPS, DeepseekV3Attention, latent_attention_flops, latent_config
 from attention.models.published import PUBLISHED
 from attention.reference import (canonical_weights, kv_heads_state, model_reference_kwargs, randomised_parameters,
-                                 reference_kernel, reference_latent_attention, reference_model_attention)
+                                 reference_kernel, reference_latent_attention, reference_model_attention, tolerance)
 
 NAME = "decode"
 KEY = ("model", "kernel", "batch", "context")  # what tells a row apart in its section
@@ -43,27 +44,27 @@ def step_flops(row, element_size):
     return 2 * row["batch"] * parameters + 4 * row["batch"] * row["num_heads"] * row["positions_read"] * row["head_dim"]
 
 
-class Model(NamedTuple):
+class Layer(NamedTuple):
     """One kind of attention layer the decode sweep steps: a row per kernel, batch size and context.
 
     * `kernels`: the decode kernels it runs (names of its own, one row each: `("sdpa", "matmul")`).
-    * `build(config, kernel) -> (module, hidden_size)`: the layer in float32 on the CPU, weights drawn from
-      `config.seed`, and the width of its input. The sweep casts and moves it; `module(x, cache=cache)` runs a
-      step of `x` `(B, 1, hidden_size)`; `module.new_cache(batch, capacity)` makes its `DecodingCache`; the
-      module's `num_heads`, `num_kv_heads` and `head_dim` attributes, where it has them, go in the rows.
+    * `build(config, kernel) -> (module, hidden_size)`: the layer in float32 on the CPU, running `kernel`, weights
+      drawn from `config.seed`, and the width of its input. The sweep casts and moves it; `module(x, cache=cache)`
+      runs a step of `x` `(B, 1, hidden_size)`; `module.new_cache(batch, capacity)` makes its `DecodingCache`;
+      `head_sizes(module)` reads its head counts and size for the rows.
     * `entries(module) -> [(heads, *dims), ...]`: per position, the shape of each tensor its cache's
       `update` takes, batch and positions left out (keys and values: `[(H_kv, D), (H_kv, D)]`). The sweep
       fills the cache with random ones: the step's time does not depend on their values.
-    * `reference(module, x0, cached, context) -> (1, hidden_size)` float64: batch element 0's step from the
+    * `reference(config, module, x0, cached, context) -> (1, hidden_size)` float64: batch element 0's step from the
       module's weights (as rounded to the run's dtype), its new token `x0` `(1, 1, hidden_size)` and `cached`,
-      what the sweep gave `update` for it (`[(1, heads, context, *dims), ...]`): the check of every row.
+      what the sweep gave `update` for it (`[(1, heads, context, *dims), ...]`), the rest from `config`: each row's check.
     * `positions_read(context)`: cached positions a step reads, itself included (a window reads fewer); the
       sweep checks it against the cache's `nbytes`, the validator recomputes it.
     * `flops(row, element_size)`: the step's useful FLOPs from the row's own numbers (the validator recomputes
       them the same way).
     * `step_bytes(module, batch, positions)`: what a step reading `positions` cached positions allocates beyond
       the cache (its own copies of keys and values), counted in the memory budget: a row past it is skipped.
-    * `check(config)`: raise `ValueError` where `config` cannot build this model (before anything runs).
+    * `check(config)`: `ValueError` where `config` cannot build this layer (a family's returns its model config).
     * `module`: the module of the layer's class (a row's numbers depend on it: `subjects`).
     """
 
@@ -95,11 +96,11 @@ def grouped(group):
                                                         config.num_heads, heads))
         return module, d_model
 
-    return Model(KERNELS, build, lambda module: [(module.num_kv_heads, module.head_dim)] * 2, grouped_reference,
+    return Layer(KERNELS, build, lambda module: [(module.num_kv_heads, module.head_dim)] * 2, grouped_reference,
                  check=num_kv_heads)
 
 
-def grouped_reference(module, x0, cached, context):
+def grouped_reference(config, module, x0, cached, context):
     """float64 step of `GroupedQueryAttention`: the new token's query over the cached keys and values and its own."""
     weights = {name: tensor.to("cpu", torch.float64) for name, tensor in module.canonical_state_dict().items()}
     x = x0.to("cpu", torch.float64)  # (1, 1, d_model)
@@ -118,9 +119,9 @@ def family(published, layer_idx, kernels, group=None):
     soft-cap, sinks) at the config's `num_heads` query heads of `head_dim`, the published query heads per K/V head
     (or `group`, where the published ratio does not divide `num_heads`), and hidden size `num_heads * head_dim`;
     `kernels` name the attention its forward runs: `("matmul",)` for a layer whose forward writes its softmax out
-    (soft-cap, sinks), `("sdpa", "matmul")` for one with `decode_kernel` (SDPA or the grouped matmuls)."""
+    (soft-cap, sinks), `("sdpa", "matmul")` for one built with `decode_kernel` (SDPA or the grouped matmuls)."""
     base = PUBLISHED[published]["config"]
-    group = group or base["num_attention_heads"] // base["num_key_value_heads"]
+    group, family_class = group or base["num_attention_heads"] // base["num_key_value_heads"], MODELS[base["model_type"]]
 
     def sized(config):
         if config.num_heads % group:
@@ -129,37 +130,41 @@ def family(published, layer_idx, kernels, group=None):
                            head_dim=config.head_dim, hidden_size=config.num_heads * config.head_dim)
 
     def build(config, kernel):
-        module = randomised_parameters(FAMILIES[base["model_type"]].from_config(sized(config), layer_idx), config.seed)
-        module.num_heads, module.num_kv_heads = module.num_attention_heads, module.num_key_value_heads  # the row's names
-        if hasattr(module, "decode_kernel"):
-            module.decode_kernel = kernel
-        return module, module.hidden_size
+        options = {"decode_kernel": kernel} if "sdpa" in kernels else {}  # a written-out softmax takes no kernel
+        module = family_class.from_config(sized(config), layer_idx, **options)
+        return randomised_parameters(module, config.seed), module.hidden_size
+
+    def reference(config, module, x0, cached, context):  # float64, over the cached past: the layer's settings from config
+        state = {name: tensor.to("cpu") for name, tensor in module.state_dict().items()}
+        settings = model_reference_kwargs(sized(config), layer_idx, torch.arange(context, context + 1), family_class)
+        return reference_model_attention(x0.cpu(), state, past_keys=cached[0].cpu(), past_values=cached[1].cpu(),
+                                         **settings)[0][0]  # (1, hidden_size)
 
     with torch.device("meta"):  # the layer's window or chunk (what its cache keeps): the published model's, not the sizes'
-        layer = FAMILIES[base["model_type"]].from_config(sized(SimpleNamespace(num_heads=group, head_dim=8)), layer_idx)
+        layer = family_class.from_config(sized(SimpleNamespace(num_heads=group, head_dim=8)), layer_idx)
         window = layer.sliding_window or getattr(layer, "attention_chunk_size", None)
-    return Model(kernels, build, lambda module: [(module.num_kv_heads, module.head_dim)] * 2, family_reference,
-                 lambda context: min(context + 1, window or context + 1), check=sized,
-                 module=FAMILIES[base["model_type"]].__module__)
+    return Layer(kernels, build, lambda module: [(module.num_key_value_heads, module.head_dim)] * 2, reference,
+                 lambda context: min(context + 1, window or context + 1), check=sized, module=family_class.__module__)
 
 
-def family_reference(module, x0, cached, context):
-    """float64 step of a model family's layer (`attention.reference.reference_model_attention` over the cached past)."""
-    state = {name: tensor.to("cpu") for name, tensor in module.state_dict().items()}
-    out, _ = reference_model_attention(x0.cpu(), state, past_keys=cached[0].cpu(), past_values=cached[1].cpu(),
-                                       **model_reference_kwargs(module, torch.arange(context, context + 1)))
-    return out[0]  # (1, hidden_size)
+def head_sizes(module):
+    """A row's `num_heads`, `num_kv_heads` and `head_dim`, under each kind of layer's names (MLA: one latent read by
+    every head, one K/V head; the head size given to `latent_config` is its `qk_nope_head_dim`)."""
+    if isinstance(module, DeepseekV3Attention):
+        return dict(num_heads=module.num_heads, num_kv_heads=1, head_dim=module.qk_nope_head_dim)
+    if isinstance(module, GroupedQueryAttention):
+        return dict(num_heads=module.num_heads, num_kv_heads=module.num_kv_heads, head_dim=module.head_dim)
+    return dict(num_heads=module.num_attention_heads, num_kv_heads=module.num_key_value_heads, head_dim=module.head_dim)
 
 
 def latent_build(config, kernel):
     module = DeepseekV3Attention.from_config(latent_config(config.num_heads, config.head_dim), path=kernel)
-    module.num_kv_heads, module.head_dim = 1, config.head_dim  # one latent per position, read by every head
     return randomised_parameters(module, config.seed), module.hidden_size
 
 
-def latent_reference(module, x0, cached, context):
+def latent_reference(config, module, x0, cached, context):
     """float64 step of MLA (`attention.reference.reference_latent_attention` over the cached latents and rotary keys)."""
-    c = latent_config(module.num_heads, module.head_dim)
+    c = latent_config(config.num_heads, config.head_dim)
     state = {name: tensor.to("cpu") for name, tensor in module.state_dict().items()}
     out, _ = reference_latent_attention(x0.cpu(), state, c["num_attention_heads"], c["qk_nope_head_dim"],
                                         c["qk_rope_head_dim"], c["v_head_dim"], c["rope_theta"], c["rope_scaling"],
@@ -175,16 +180,16 @@ def naive_bytes_per_element(module):
     return max(5 * module.kv_b_proj.weight.element_size(), 24)
 
 
-MLA = Model(("absorbed", "naive"), latent_build, lambda module: [(1, module.kv_lora_rank), (1, module.qk_rope_head_dim)],
+MLA = Layer(("absorbed", "naive"), latent_build, lambda module: [(1, module.kv_lora_rank), (1, module.qk_rope_head_dim)],
             latent_reference, flops=lambda row, element: row["batch"] * latent_attention_flops(
                 latent_config(row["num_heads"], row["head_dim"]), 1, row["positions_read"], row["kernel"]),
             check=lambda config: latent_config(config.num_heads, config.head_dim), step_bytes=lambda module, batch, positions: 0 if module.path == "absorbed" else (
-                batch * positions * module.num_heads * module.head_dim * naive_bytes_per_element(module)),
+                batch * positions * module.num_heads * module.v_head_dim * naive_bytes_per_element(module)),
             module=DeepseekV3Attention.__module__)
 
-# name -> Model: the row's `model`. 32 query heads of 128 (the default config): Llama 2 7B's and Llama 3 8B's
+# name -> Layer: the row's `model`. 32 query heads of 128 (the default config): Llama 2 7B's and Llama 3 8B's
 # attention; GQA's 8:1 is Llama 2 70B's and Llama 3 70B's. The model families' layers take those sizes too.
-MODELS = {"MHA": grouped(1), "GQA": grouped(8), "MQA": grouped(None),
+LAYERS = {"MHA": grouped(1), "GQA": grouped(8), "MQA": grouped(None),
           "Llama-3": family("Llama 3.1 8B", 0, KERNELS), "Gemma-3-local": family("Gemma 3 27B", 0, KERNELS),
           "Gemma-2-local": family("Gemma 2 27B", 0, ("matmul",)), "Gemma-2-global": family("Gemma 2 27B", 1, ("matmul",)),
           "gpt-oss-local": family("gpt-oss-120b", 0, ("matmul",)), "gpt-oss-global": family("gpt-oss-120b", 1, ("matmul",)),
@@ -208,18 +213,18 @@ def ceiling_sizes(device, budget):
 
 @dataclasses.dataclass
 class Config:
-    """What to measure (see the module docstring): `num_heads` query heads of `head_dim` size every model in `MODELS`;
+    """What to measure (see the module docstring): `num_heads` query heads of `head_dim` size every layer in `LAYERS`;
     `kernels` filters the kernels each model runs."""
 
     OPTIONS = {"seq_lens": "contexts", "batch": "batches"}  # the command line's --seq-lens and --batch
 
     num_heads: Annotated[int, POSITIVE] = 32
     head_dim: Annotated[int, POSITIVE] = 128
-    models: Annotated[tuple, list_of(lambda name, where: one_of(*MODELS)(name, where), 64)] = tuple(MODELS)
+    models: Annotated[tuple, list_of(lambda name, where: one_of(*LAYERS)(name, where), 64)] = tuple(LAYERS)
     contexts: Annotated[tuple, list_of(POSITIVE, 64)] = (1024, 2048, 4096, 8192, 16384, 32768)
     batches: Annotated[tuple, list_of(POSITIVE, 16)] = (1, 8)
     kernels: Annotated[tuple, list_of(text(r"[a-z_]+", "a kernel name", 40), 16)] = tuple(dict.fromkeys(
-        kernel for model in MODELS.values() for kernel in model.kernels))
+        kernel for layer in LAYERS.values() for kernel in layer.kernels))
     seed: Annotated[int, integer(0, 2**63)] = 0
     min_run_time: Annotated[float, in_range(0, 1e4)] = 0.5
     min_repeats: Annotated[int, POSITIVE] = 5
@@ -236,28 +241,28 @@ class Config:
                                        memory_budget_bytes=budget,
                                        ceiling_bytes=tuple(self.ceiling_bytes) or ceiling_sizes(device, budget))
         problems = config_problems(resolved)
-        kernels = {kernel for model in MODELS.values() for kernel in model.kernels}
-        problems += [f"kernels: {kernel!r} is run by none of the models {list(MODELS)}"
+        kernels = {kernel for layer in LAYERS.values() for kernel in layer.kernels}
+        problems += [f"kernels: {kernel!r} is run by none of the models {list(LAYERS)}"
                      for kernel in resolved.kernels if kernel not in kernels]
         problems += [f"models: {name!r} runs none of the kernels {list(resolved.kernels)} (it runs "
-                     f"{', '.join(MODELS[name].kernels)})" for name in resolved.models
-                     if name in MODELS and not set(MODELS[name].kernels) & set(resolved.kernels)]
+                     f"{', '.join(LAYERS[name].kernels)})" for name in resolved.models
+                     if name in LAYERS and not set(LAYERS[name].kernels) & set(resolved.kernels)]
         problems += [f"{name}: must not be empty" for name in ("models", "contexts", "batches", "kernels")
                      if not getattr(resolved, name)]
         if problems:
             raise ValueError("; ".join(problems))
         for name in resolved.models:
-            MODELS[name].check(resolved)
+            LAYERS[name].check(resolved)
         return resolved
 
 
 class Row(core.Measured):
     """One model, kernel, batch size and context: one decode step."""
 
-    model: Annotated[str, lambda name, where: one_of(*MODELS)(name, where), "The attention layer (`MODELS`): `MHA`, "
+    model: Annotated[str, lambda name, where: one_of(*LAYERS)(name, where), "The attention layer (`LAYERS`): `MHA`, "
                      "`GQA`, `MQA`, a model family's layer or `MLA`, at the config's sizes."]
     kernel: Annotated[str, text(r"[a-z_]+", "a kernel name", 40), "The decode kernel the module ran: `sdpa` or `matmul` "
-                      "(`attention.causal.gqa.DECODE_KERNELS`, or what a family's layer runs), MLA's `absorbed` or `naive`."]
+                      "(`attention.decoding.DECODE_KERNELS`, or what a family's layer runs), MLA's `absorbed` or `naive`."]
     batch: Annotated[int, POSITIVE, "Sequences decoded together: one new token each per step."]
     context: Annotated[int, integer(), "Positions already in the cache when the step runs (the notation page's "
                        "`context_length` is the longest a module accepts)."]
@@ -287,8 +292,8 @@ class Row(core.Measured):
 
 def run(config, envelope):
     config = config.resolve(envelope.device)
-    device, dtype = envelope.device, envelope.dtype
-    rows = sum(len(set(config.kernels) & set(MODELS[name].kernels)) for name in config.models)
+    device, dtype, limits = envelope.device, envelope.dtype, tolerance(envelope.device, envelope.result["dtype"])
+    rows = sum(len(set(config.kernels) & set(LAYERS[name].kernels)) for name in config.models)
     header = dataclasses.asdict(config) | {key: list(getattr(config, key)) for key in ("models", "contexts", "batches",
                                                                                          "kernels", "ceiling_bytes")}
     section = envelope.open(NAME, header | {"bandwidth": None, "matmul_peak": None, "rows": []},
@@ -304,15 +309,14 @@ def run(config, envelope):
 
     sample("start")
     for name in config.models:
-        model = MODELS[name]
-        for kernel in (kernel for kernel in model.kernels if kernel in config.kernels):
+        for kernel in (kernel for kernel in LAYERS[name].kernels if kernel in config.kernels):
             torch.manual_seed(config.seed)
-            module, hidden = model.build(config, kernel)
+            module, hidden = LAYERS[name].build(config, kernel)
             module = module.to(device, dtype).eval().requires_grad_(False)
             x_all = torch.randn(max(config.batches), 1, hidden, generator=torch.Generator().manual_seed(config.seed + 1))
+            shared = dict(model=name, kernel=kernel, status="ok", tolerance=limits, **head_sizes(module))
             for batch in config.batches:
-                for row in kernel_rows(config, (name, model, kernel, module), x_all[:batch].to(device, dtype),
-                                       envelope, yardstick):
+                for row in kernel_rows(config, shared, module, x_all[:batch].to(device, dtype), yardstick):
                     envelope.add(section["rows"], row, f"decode {name} {kernel} B={batch} context={row['context']}")
                 core.release(device)
             del module
@@ -336,7 +340,7 @@ def finish(section):
 
 def subjects(row):
     """The module of the layer a row stepped: with the sweep's own, what its numbers depend on."""
-    return [MODELS[row["model"]].module] if row["model"] in MODELS else []
+    return [LAYERS[row["model"]].module] if row["model"] in LAYERS else []
 
 
 def for_rows(config, rows):
@@ -344,46 +348,43 @@ def for_rows(config, rows):
     return dataclasses.replace(config, models=tuple(dict.fromkeys(row["model"] for row in rows)))
 
 
-def kernel_rows(config, subject, x, envelope, yardstick):
-    """Every context's row of one model, kernel and batch size, over one cache of the longest context filled as
-    the contexts grow (random entries through `update`; each step `rewind`s to its context first)."""
-    name, model, kernel, module = subject
-    batch, longest, element = x.shape[0], max(config.contexts), torch.empty((), dtype=envelope.dtype).element_size()
-    shapes = model.entries(module)
+def kernel_rows(config, shared, module, x, yardstick):
+    """Every context's row of one layer and kernel (`shared`: the fields their rows hold) and batch size (`x`'s), over
+    one cache of the longest context filled as the contexts grow (random `update`s; each step `rewind`s first)."""
+    layer, batch, longest, element = LAYERS[shared["model"]], x.shape[0], max(config.contexts), x.element_size()
+    shapes = layer.entries(module)
     per_token = sum(math.prod(shape) for shape in shapes) * element
-    base = dict(model=name, kernel=kernel, batch=batch, cache_bytes_per_token=per_token, status="ok",
-                tolerance=metrics.TOLERANCES[envelope.result["dtype"]],
-                **{key: getattr(module, key, None) for key in ("num_heads", "num_kv_heads", "head_dim")})
+    base = dict(shared, batch=batch, cache_bytes_per_token=per_token)
     def budget(context):
         return core.over_budget((batch + 1) * (longest + 1) * per_token
-                                + model.step_bytes(module, batch, model.positions_read(context)),
+                                + layer.step_bytes(module, batch, layer.positions_read(context)),
                                 config.memory_budget_bytes, f"a cache (B={batch}, {longest + 1} positions, and batch "
                                 "element 0's copy for the check) and the step's own tensors")
     if budget(config.contexts[0]):
         for context in config.contexts:
-            yield new_row(Row, **base | dict(context=context, positions_read=model.positions_read(context),
+            yield new_row(Row, **base | dict(context=context, positions_read=layer.positions_read(context),
                                              status="skipped", reason=budget(context)))
         return
     cache, kept, filled = module.new_cache(batch, longest + 1), [[] for _ in shapes], 0
-    if cache.nbytes != batch * model.positions_read(longest) * per_token:  # what `entries` and `positions_read` say
-        raise ValueError(f"{name}: the cache holds {cache.nbytes} bytes, not batch x positions_read x entries' bytes")
+    if cache.nbytes != batch * layer.positions_read(longest) * per_token:  # what `entries` and `positions_read` say
+        raise ValueError(f"{base['model']}: the cache holds {cache.nbytes} bytes, not batch x positions_read x entries' bytes")
     generator = torch.Generator().manual_seed(config.seed + 2)
     for context in config.contexts:
         if budget(context):
-            yield new_row(Row, **base | dict(context=context, positions_read=model.positions_read(context),
+            yield new_row(Row, **base | dict(context=context, positions_read=layer.positions_read(context),
                                              status="skipped", reason=budget(context)))
             continue
         cache.rewind(filled)
         for start in range(filled, context, 256):  # chunks: a chunk's mask is (chunk, positions)
             chunk = [torch.randn(batch, shape[0], min(256, context - start), *shape[1:], generator=generator)
                      for shape in shapes]
-            cache.update(*(tensor.to(envelope.device, envelope.dtype) for tensor in chunk))
+            cache.update(*(tensor.to(x.device, x.dtype) for tensor in chunk))
             for past, tensor in zip(kept, chunk):
-                past.append(tensor[:1].to(envelope.dtype))  # batch element 0, as the cache holds it
+                past.append(tensor[:1].to(x.dtype))  # batch element 0, as the cache holds it
         filled = context
-        row = new_row(Row, **base, context=context, positions_read=model.positions_read(context),
+        row = new_row(Row, **base, context=context, positions_read=layer.positions_read(context),
                       weight_bytes=sum(p.nbytes for p in module.parameters()))
-        row.update(cache_bytes_read=batch * row["positions_read"] * per_token, flops=model.flops(row, element))
+        row.update(cache_bytes_read=batch * row["positions_read"] * per_token, flops=layer.flops(row, element))
         row["bytes_read"] = row["cache_bytes_read"] + row["weight_bytes"]
 
         def step(context=context):
@@ -393,9 +394,9 @@ def kernel_rows(config, subject, x, envelope, yardstick):
 
         def check(out, context=context):
             cached = [torch.cat(past, dim=2) for past in kept]  # (1, heads, context, *dims)
-            return core.compared(out[0], model.reference(module, x[:1], cached, context), row["tolerance"])
+            return core.compared(out[0], layer.reference(config, module, x[:1], cached, context), row["tolerance"])
         try:
-            row.update(core.measure(step, check, envelope.device, config, yardstick))
+            row.update(core.measure(step, check, x.device, config, yardstick))
             seconds = row["ms_median"] * 1e-3
             row.update(tokens_per_s=batch / seconds, gbps=row["bytes_read"] / seconds / 1e9,
                        tflops=row["flops"] / seconds / 1e12)
@@ -427,9 +428,9 @@ def validate(section, result):
     element = torch.empty((), dtype=core.DTYPES.get(result["dtype"], torch.float32)).element_size()
     for index, row in enumerate([] if problems else section["rows"]):
         where = f"decode.rows[{index}] ({row['model']}, {row['kernel']}, B={row['batch']}, context={row['context']})"
-        if row["positions_read"] != MODELS[row["model"]].positions_read(row["context"]):
+        if row["positions_read"] != LAYERS[row["model"]].positions_read(row["context"]):
             problems.append(f"{where}: positions_read {row['positions_read']} is not the model's "
-                            f"{MODELS[row['model']].positions_read(row['context'])} at this context")
+                            f"{LAYERS[row['model']].positions_read(row['context'])} at this context")
         if row["status"] != "ok":
             continue
         if disordered(where, row):
@@ -438,7 +439,7 @@ def validate(section, result):
         seconds = row["ms_median"] / 1e3
         expected = {"tokens_per_s": row["batch"] / seconds, "bytes_read": row["cache_bytes_read"] + row["weight_bytes"],
                     "cache_bytes_read": row["batch"] * row["positions_read"] * row["cache_bytes_per_token"],
-                    "flops": MODELS[row["model"]].flops(row, element), "gbps": row["bytes_read"] / seconds / 1e9,
+                    "flops": LAYERS[row["model"]].flops(row, element), "gbps": row["bytes_read"] / seconds / 1e9,
                     "share_of_paired_bandwidth": row["gbps"] / row["bandwidth_gbps_paired"],
                     "tflops": row["flops"] / seconds / 1e12}
         if section["matmul_peak"]:

@@ -16,11 +16,11 @@ from typing import Annotated
 
 import torch
 
-from attention.bench import core, metrics
+from attention.bench import core
 from attention.bench.results import BYTES, MAX_ROWS, POSITIVE, disordered, mismatches, new_row
 from attention.schema import config_problems, field_rules, in_range, integer, list_of, one_of, record, rule_of
 from attention.models.deepseek_v3 import PATHS, LATENT_NORM_EPS, DeepseekV3Attention, latent_attention_flops, latent_config
-from attention.reference import randomised_parameters, reference_latent_attention
+from attention.reference import randomised_parameters, reference_latent_attention, tolerance
 
 NAME = "prefill"
 KEY = ("path", "tokens")  # what tells a row apart in its section
@@ -106,7 +106,7 @@ def length_rows(config, modules, tokens, envelope, yardstick):
     expected = None
     for path, module in modules.items():
         row = new_row(Row, path=path, tokens=tokens, batch=config.batch, num_heads=H, head_dim=D, status="ok",
-                      tolerance=metrics.TOLERANCES[envelope.result["dtype"]])
+                      tolerance=tolerance(envelope.device, envelope.result["dtype"]))
         row["flops"] = row_flops(row)
         if skip:
             row.update(status="skipped", reason=skip)

@@ -28,6 +28,7 @@ from attention.schema import BOOLEAN, config_problems, field_rules, in_range, in
 from attention.distributed import check, launch
 from attention.distributed.accounting import count_sent_bytes, expected_sent_bytes
 from attention.distributed.ring import LAYOUTS, padded_length, ring_attention, shard_sequence
+from attention.reference import tolerance
 
 NAME = "ring"
 KEY = ("world_size", "mode")  # what tells a row apart in its section
@@ -115,7 +116,7 @@ def run(config, envelope):
             "seq_len": config.seq_len, "head_dim": config.head_dim, "causal": config.causal, "layout": config.layout,
             "dtype": dtype_name, "seed": config.seed, "engine": "ring"}
     expected = check.reference_results(case)  # float64, on the whole sequence: the same for every P
-    tolerance = metrics.TOLERANCES[dtype_name]
+    limits = tolerance(envelope.device, dtype_name)
 
     def matmul_rate():
         return metrics.matmul_rate(envelope.device, envelope.dtype, config.matmul_size, config.min_run_time,
@@ -124,7 +125,7 @@ def run(config, envelope):
     matmul = [matmul_rate()]
     for world_size in config.world_sizes:
         rows = {mode: new_row(Row, **shape_fields(section, envelope.dtype, world_size, mode), status="ok",
-                              tolerance=tolerance) for mode in MODES}
+                              tolerance=limits) for mode in MODES}
         this_case = dict(case, world_size=world_size)
         try:
             per_rank = launch.run_on_processes(check_and_measure_here, world_size, this_case,
@@ -137,7 +138,7 @@ def run(config, envelope):
         if per_rank is not None:
             whole = check.join_shards([this_case], [[result["shards"]] for result in per_rank])[0][0]
             for mode, row in rows.items():
-                row.update(checked(whole, expected, tolerance, mode))
+                row.update(checked(whole, expected, limits, mode))
                 row.update(measured_fields([result["measured"] for result in per_rank], mode))
                 row.update(sent_as_expected=all(counted == row["expected_sent_bytes"] for counted in row["rank_sent_bytes"]),
                            tflops=row["flops"] / (row["ms_median"] * 1e-3) / 1e12,

@@ -24,7 +24,7 @@ from attention.bench.results import (BYTES, DEVICE_TYPES, DTYPE, MAX_ROWS, POSIT
 from attention.schema import (BOOLEAN, IDENTIFIER, field_rules, in_range, integer, list_of, mapping, nullable, one_of,
                               record, rule_of, text)
 from attention.causal.flex import recompile_room
-from attention.reference import canonical_weights, kv_heads_state, reference_causal_self_attention
+from attention.reference import canonical_weights, kv_heads_state, reference_causal_self_attention, tolerance
 from attention.registry import IMPLEMENTATIONS
 
 NAME = "sequence"
@@ -268,7 +268,7 @@ def case_rows(config, case, inputs, yardstick, peaks):
         return new_row(Row, **shape, implementation=case.name, compiled=case.compiled, mode=mode, status="ok",
                        label=f"{case.name} (compiled)" if case.compiled else case.name, checked_batch_index=0,
                        head_dim=config.d_model // config.num_heads, position_encoding=case.cls.position_encoding,
-                       tolerance=metrics.TOLERANCES[config.dtype], checked_tokens=inputs.checked_tokens,
+                       tolerance=tolerance(inputs.x.device, config.dtype), checked_tokens=inputs.checked_tokens,
                        flops_attention=flops["attention"], flops_projections=flops["projections"], flops=flops["total"])
     skipped = {mode: budget_reason(config, case, mode, peaks) for mode in config.modes}
     if all(skipped.values()):  # nothing to run: the module, and its (T, T) mask buffer, not even built

@@ -1,0 +1,53 @@
+"""Decoding with a cache: the caches, and the kernels that attend over them, of every family that decodes.
+
+`DecodingCache` below is the caches' contract, written once; every cache of `caches.py` keeps it (`KVCache`,
+`SlidingWindowKVCache`, multi-head latent attention's `LatentCache`), and code that decodes, tests or times a
+cache reads nothing else of it. `kernels.py` holds what attends over a cache: `cached_attention` (SDPA, or for a
+few new tokens on CPU the grouped matmuls of `grouped_decode_attention`, as `decode_kernel` picks), and the
+matmuls the model families' written-out attentions share (`grouped_scores`, `per_head_matmul`).
+
+Both files import only torch. The causal family's `GroupedQueryAttention` (`attention/causal/gqa.py`) and every
+model family (`attention/models/`) import this package and nothing else of the project, so a copy of one of
+those files runs with torch and a copy of `attention/decoding/`.
+"""
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class DecodingCache(Protocol):
+    """What every cache provides (`KVCache`, `SlidingWindowKVCache`, `LatentCache`), so code that decodes, tests or
+    times a cache never reads its fields.
+
+    * **`length`**: the positions seen so far; the next chunk's first token sits at position `length`.
+    * **`nbytes`**: the bytes the cache holds (its preallocated tensors).
+    * **`update(*new)`**: append one chunk (each tensor `(B, heads, T, ...)`: keys and values, or what the
+      cache keeps instead) and return what the chunk's queries attend over, ending with a boolean
+      `(T, S)` mask (True = attend) or `None` when every query attends to every key.
+    * **`rewind(length)`**: forget every position from `length` on, so the next chunk starts there
+      (a benchmark times the same step again; a generator backs out of a rejected draft).
+      `ValueError` for a length outside `[0, length]`, or where the cache no longer holds a position the
+      next query needs (a sliding window that evicted it).
+    """
+
+    length: int
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def update(self, *new: torch.Tensor) -> tuple: ...
+
+    def rewind(self, length: int) -> None: ...
+
+
+# The two files import nothing from this one, so importing them here is no cycle.
+from attention.decoding.caches import KVCache, LatentCache, SlidingWindowKVCache  # noqa: E402
+from attention.decoding.kernels import (AUTO_MATMUL_MAX_TOKENS, DECODE_KERNELS, cached_attention,  # noqa: E402
+                                        check_decode_kernel, grouped_decode_attention, grouped_scores, per_head_matmul,
+                                        row_split_linear, uses_grouped_matmuls)
+
+__all__ = ["AUTO_MATMUL_MAX_TOKENS", "DECODE_KERNELS", "DecodingCache", "KVCache", "LatentCache", "SlidingWindowKVCache",
+           "cached_attention", "check_decode_kernel", "grouped_decode_attention", "grouped_scores", "per_head_matmul",
+           "row_split_linear", "uses_grouped_matmuls"]
