@@ -47,7 +47,7 @@ class Gemma2Attention(nn.Module):
         query_pre_attn_scalar = config_value(config, "query_pre_attn_scalar")
         check_finite("query_pre_attn_scalar", query_pre_attn_scalar)
         self.scaling = query_pre_attn_scalar ** -0.5
-        self.attn_logit_softcapping = config_value(config, "attn_logit_softcapping", None)  # None: no cap
+        self.attn_logit_softcapping = config_value(config, "attn_logit_softcapping", 50.0)  # transformers' default; None: no cap
         if self.attn_logit_softcapping is not None:  # 0 would make every logit 0: uniform attention
             check_finite("attn_logit_softcapping", self.attn_logit_softcapping)
         self.layer_type = alternating_layer_type(config, self.layer_idx, self.LAYER_TYPES)

@@ -57,7 +57,7 @@ class Llama4TextAttention(nn.Module):
         self.sliding_window = None
         self.attention_chunk_size = None
         if self.layer_type == "chunked_attention":
-            self.attention_chunk_size = config_value(config, "attention_chunk_size")
+            self.attention_chunk_size = config_value(config, "attention_chunk_size", 8192)  # transformers' default
             check_int("attention_chunk_size", self.attention_chunk_size)
         self.qk_norm = "l2" if self.use_rope and config_value(config, "use_qk_norm", True) else None
         self.norm_eps = config_value(config, "rms_norm_eps")
@@ -171,7 +171,7 @@ def chunked_layer_type(config, layer_idx, kinds):
     layer_types = listed_layer_types(config, kinds)
     if layer_types is not None:
         return layer_types[layer_idx]
-    chunked = rope_layers(config)[layer_idx] and config_value(config, "attention_chunk_size", None) is not None
+    chunked = rope_layers(config)[layer_idx] and config_value(config, "attention_chunk_size", 8192) is not None
     return "chunked_attention" if chunked else "full_attention"
 
 
