@@ -39,11 +39,8 @@ MINIMAL = {
     "olmo2": dict(rope_theta=500000.0, rms_norm_eps=1e-6),
     "gemma2": dict(rope_theta=10000.0, query_pre_attn_scalar=256, sliding_window=4096),
     "gemma3_text": dict(query_pre_attn_scalar=256, sliding_window=512, rms_norm_eps=1e-6),
-    # gpt-oss: transformers' default RoPE is YaRN x32; the family reads a missing rope_scaling as none (every
-    # published config.json lists it), so it is given here.
-    "gpt_oss": dict(rope_theta=150000.0, sliding_window=128, num_local_experts=4, rope_scaling={
-        "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-        "original_max_position_embeddings": 4096}),
+    # gpt-oss: no rope_scaling, so the family must take transformers' default, YaRN x32.
+    "gpt_oss": dict(rope_theta=150000.0, sliding_window=128, num_local_experts=4),
     "llama4_text": dict(rope_theta=500000.0, rms_norm_eps=1e-5, num_local_experts=2, intermediate_size_mlp=64),
     "deepseek_v3": dict(rope_theta=10000.0, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
                         qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=4, num_experts_per_tok=2),

@@ -29,6 +29,11 @@ from attention.decoding import KVCache, SlidingWindowKVCache, grouped_scores, pe
 REQUIRED = object()  # `config_value`'s default: the field must be present
 
 
+
+# What transformers' GptOssConfig fills in where a config names neither `rope_parameters` nor `rope_scaling`.
+DEFAULT_ROPE_SCALING = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                        "original_max_position_embeddings": 4096}
+
 class GptOssAttention(nn.Module):
     """gpt-oss's self-attention layer: `(B, T, hidden_size) -> (B, T, hidden_size)`.
 
@@ -60,7 +65,11 @@ class GptOssAttention(nn.Module):
         # The difference from Llama: one learned sink logit per query head (zeros until a checkpoint's are loaded).
         self.sinks = nn.Parameter(torch.zeros(H))
 
-        self.rope_parameters = rope_parameters(config, self.layer_type)
+        if config_value(config, "rope_parameters", None) is None and config_value(config, "rope_scaling", None) is None:
+            # A config naming no RoPE scaling gets what transformers' GptOssConfig fills in: YaRN x32.
+            self.rope_parameters = dict(DEFAULT_ROPE_SCALING, rope_theta=config_value(config, "rope_theta", 150000.0))
+        else:
+            self.rope_parameters = rope_parameters(config, self.layer_type)
         # float64 on the CPU, and not a buffer: `module.to(torch.bfloat16)` would round the frequencies, and with
         # them every angle. `rope_tables` keeps a copy per device, made on first use.
         self.inv_freq, self.attention_scaling = rope_frequencies(self.head_dim, self.rope_parameters)
