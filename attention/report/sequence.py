@@ -260,9 +260,11 @@ def sweep_series(result, mode, metric):
     return {label: sorted(points) for label, points in series.items()}
 
 
-# The classes a sweep chart draws in colour, one per kind of kernel; the others grey, under one legend entry.
-HIGHLIGHTED = {"split_heads": ("naive: (B, H, T, T) scores", "tab:red"), "sdpa_causal": ("SDPA, fused", "tab:blue"),
-               "tiled": ("tiled (FlashAttention's algorithm)", "tab:green"), "flex": ("FlexAttention", "tab:purple")}
+# The classes a sweep chart draws in colour, one per kind of kernel, each with its own marker and line style (so that
+# lines lying on each other stay apart): label: (name, colour, marker, line). The others grey, under one legend entry.
+HIGHLIGHTED = {"split_heads": ("naive: (B, H, T, T) scores", "tab:red", "o", "-"),
+               "tiled": ("FlashAttention's algorithm, in Python", "tab:green", "s", "--"),
+               "sdpa_causal": ("SDPA, fused", "tab:blue", "^", ":"), "flex": ("FlexAttention", "tab:purple", "D", "-.")}
 
 
 def sweep_figure(result, mode, series, guides, what):
@@ -270,11 +272,12 @@ def sweep_figure(result, mode, series, guides, what):
     `[(power, label)]` draw c·T^power from the highlighted lines' geometric mean at the shortest T."""
     from matplotlib.figure import Figure
 
-    ax = (fig := Figure(figsize=(7.5, 5))).subplots()
+    ax = (fig := Figure(figsize=(7.5, 5), layout="constrained")).subplots()
     for label, points in sorted(series.items(), key=lambda item: item[0].split(" ")[0] in HIGHLIGHTED):
-        name, color = HIGHLIGHTED.get(label.split(" ")[0], (None, "0.72"))
-        ax.plot(*zip(*points), marker="o" if name else None, markersize=4, linewidth=2 if name else 1, color=color,
-                label=f"{name} ({label})" if name else None, zorder=3 if name else 2)
+        name, color, marker, style = HIGHLIGHTED.get(label.split(" ")[0], (None, "0.72", None, "-"))
+        ax.plot(*zip(*points), marker=marker, markersize=5, markerfacecolor="none" if marker == "o" else color,
+                linestyle=style, linewidth=2 if name else 1, color=color, label=f"{name} ({label})" if name else None,
+                zorder=3 if name else 2)
     if any(label.split(" ")[0] not in HIGHLIGHTED for label in series):
         ax.plot([], [], color="0.72", label="other classes (see the tables)")
     start = min((points[0][0] for points in series.values()), default=None)
@@ -290,7 +293,6 @@ def sweep_figure(result, mode, series, guides, what):
                  f"{title_suffix(result)}", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
     return fig
 
 
@@ -299,10 +301,12 @@ def plot_time_vs_seq_len(result, mode="forward"):
     return sweep_figure(result, mode, sweep_series(result, mode, "ms_median"), [(2, "O(T²)")], "time per call (ms, median)")
 
 
-def plot_memory_vs_seq_len(result, mode="forward"):
-    """Peak memory of one call against T (log-log), with O(T) and O(T²) guides from the data."""
+def plot_memory_vs_seq_len(result, mode="forward", labels=None):
+    """Peak memory of one call against T (log-log) of `labels` (default all), with O(T) and O(T²) guides from the
+    data."""
     series = {label: [(t, v / 2**20) for t, v in points if v > 0]
-              for label, points in sweep_series(result, mode, "peak_memory_bytes").items()}
+              for label, points in sweep_series(result, mode, "peak_memory_bytes").items()
+              if labels is None or label in labels}
     return sweep_figure(result, mode, {label: points for label, points in series.items() if points},
                         [(2, "O(T²)"), (1, "O(T)")], "peak memory of one call (MiB)")
 
