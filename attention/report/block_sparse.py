@@ -115,7 +115,7 @@ def plot_block_sparse(result):
 
 def charts(result):
     return {"block-sparse": (plot_block_sparse(result), "FlexAttention with a BlockMask against SDPA with a dense mask, "
-                                                        f"time against sequence length per mask pattern, {title_suffix(result)}")}
+                             f"time against sequence length per mask pattern, {title_suffix(result)}")}
 
 
 def tables(result):

@@ -16,8 +16,7 @@ CLASSES = ("split_heads", "tiled", "sdpa_causal")  # drawn and tabled, in this o
 
 
 def recorded(folder="long", device_type="cpu", dtype="float32"):
-    """The newest recorded run under `docs/results/<folder>/` (`folder=""`: the top level) of a device type and dtype,
-    not compiled, with its path for prose: `(path, result)`."""
+    """`(path, result)`: the newest run, not compiled, of a device type and dtype under `docs/results/<folder>/`."""
     for path in find_results(RESULTS_DIR / folder, device_type=device_type):
         if (result := load_result(path))["dtype"] == dtype and not (result.get("config") or {}).get("compile"):
             return path.relative_to(RESULTS_DIR.parents[1]).as_posix(), result
@@ -25,8 +24,7 @@ def recorded(folder="long", device_type="cpu", dtype="float32"):
 
 
 def run_device(result):
-    """The run's device as a reader knows it; a run recorded before CPU flags were kept says so instead of
-    "flags unknown"."""
+    """The run's device as a reader knows it; a run from before CPU flags were kept says so, not "flags unknown"."""
     device = result["provenance"]["device"]
     if device["type"] == "cpu" and device.get("cpu_flags") is None:
         return f"{short_cpu(device['cpu'])} (recorded before CPU flags were kept)"

@@ -9,8 +9,6 @@ from attention.bench import metrics
 from attention.bench.core import usable
 from attention.report.format import MODE_TITLES, collapsed, mebibytes, number, percent, status_cell, table, title_suffix
 
-# --- Reading a run: rows by shape, the fastest and the ties ---------------------------------------------------------
-
 def shape_rows(result, mode, batch=None, seq_len=None):
     """Rows of one mode at one `(batch, seq_len)`; default the headline shape."""
     shape = (mode, batch or result["config"]["batch"], seq_len or result["config"]["seq_len"])
@@ -25,8 +23,7 @@ def sweep_rows(result, mode):
 
 
 def fewer_kv_heads(row):
-    """True for a grouped-query or multi-query row: another model (smaller K/V projections) than the multi-head
-    classes it is timed beside."""
+    """True for a grouped-query or multi-query row: another model than the multi-head classes beside it."""
     return row.get("num_kv_heads") is not None and row["num_kv_heads"] != row["num_heads"]
 
 
@@ -47,9 +44,8 @@ def matmul_share(row):
 
 
 def drift_free(row, key="ms_median"):
-    """`row[key]` (a time) at one machine speed: times the matmul rate timed beside the row (the paired yardstick),
-    so rows timed minutes apart on a machine whose speed drifts compare as if timed together (only ratios between
-    rows mean something). Runs without the paired rate: the time as is."""
+    """`row[key]` (a time) at one machine speed, times the matmul rate timed beside the row, so that rows timed minutes
+    apart on a drifting machine compare as if timed together (only ratios mean something); else the time as is."""
     return row[key] * (row.get("matmul_tflops_paired") or 1.0)
 
 
@@ -101,8 +97,6 @@ def leaders(entry):
     return names + (f" ({within(entry['fastest'], entry['tied'])})" if entry["tied"] else "")
 
 
-# --- Tables and charts ----------------------------------------------------------------------------------------------
-
 def verdict(row):
     if row["status"] != "ok":
         return f"{row['status']}: {row['reason']}"
@@ -133,18 +127,14 @@ def results_table(result, mode="forward", batch=None, seq_len=None, labels=None)
 def sweep_table(result, mode="forward", metric="ms_median"):
     """One row field (`ms_median`, `tflops`, `share_of_paired_matmul`, `share_of_matmul_peak`, `peak_memory_bytes`
     in MiB) per class (rows) against T (columns); a cell that is not a number says why."""
-    units = {"ms_median": "ms", "peak_memory_bytes": "MiB", "tflops": "TFLOP/s", "share_of_matmul_peak": "% of matmul",
-             "share_of_paired_matmul": "% of paired matmul"}
+    units = {"ms_median": ("ms", number), "peak_memory_bytes": ("MiB", mebibytes), "tflops": ("TFLOP/s", number),
+             "share_of_matmul_peak": ("% of matmul", percent), "share_of_paired_matmul": ("% of paired matmul", percent)}
     if metric not in units:
         raise ValueError(f"metric must be one of {', '.join(units)}, got metric={metric!r}")
-    shown = {"peak_memory_bytes": mebibytes, "share_of_matmul_peak": percent, "share_of_paired_matmul": percent}
-    rows = sweep_rows(result, mode)
+    (unit, shown), rows = units[metric], sweep_rows(result, mode)
     lengths, cells = sorted({r["seq_len"] for r in rows}), {(r["label"], r["seq_len"]): r for r in rows}
-
-    def value(row):
-        return shown.get(metric, number)(row[metric])
-    return table([f"implementation ({units[metric]})"] + [f"T={t}" for t in lengths],
-                 [[f"`{label}`"] + [status_cell(cells.get((label, t)), value) for t in lengths]
+    return table([f"implementation ({unit})"] + [f"T={t}" for t in lengths],
+                 [[f"`{label}`"] + [status_cell(cells.get((label, t)), lambda row: shown(row[metric])) for t in lengths]
                   for label in dict.fromkeys(r["label"] for r in rows)])
 
 
