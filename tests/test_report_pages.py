@@ -65,7 +65,7 @@ def test_the_memory_chart_draws_each_class_so_that_it_stays_visible(long_run):
     """The tiled line lay exactly under sdpa_causal's: each class now has its own marker and line style."""
     figure = long.memory_chart(long_run[1])
     assert isinstance(figure, Figure)
-    lines = {line.get_label().split(" ")[0]: line for line in figure.axes[0].lines}
+    lines = {line.get_label().rsplit("(", 1)[-1].rstrip(")"): line for line in figure.axes[0].lines}
     drawn = [lines[label] for label in long.CLASSES]
     assert len({(line.get_marker(), line.get_linestyle()) for line in drawn}) == len(long.CLASSES)
     assert len({line.get_color() for line in drawn}) == len(long.CLASSES)

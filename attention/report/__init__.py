@@ -14,7 +14,7 @@ import dataclasses
 
 from attention.bench.profiles import quick_config
 from attention.bench.results import (RESULTS_DIR, all_rows, changed_sources, check_file, find_results, is_stale,  # noqa: F401
-                                     load_result, stale_rows, validate as validate_result)
+                                     load_result, validate as validate_result)
 from attention.report import block_sparse, decode, prefill, ring, sequence
 from attention.report.block_sparse import (block_sparse_rows, block_sparse_table, crossover_table,  # noqa: F401
                                            crossovers, plot_block_sparse)
@@ -23,12 +23,12 @@ from attention.report.compare import (bf16_pieces_section, bf16_recorded_section
                                       share_stability_section, share_stability_table)
 from attention.report.decode import (bandwidth_note, decode_best, decode_rows, decode_summary_table,  # noqa: F401
                                      decode_table, plot_decode, share_words, shown_share)
-from attention.report.format import (MODE_TITLES, collapsed, device_label, devices_line, mebibytes, number,  # noqa: F401
-                                     percent, provenance_summary, reader_device, run_line, table)
-from attention.report.sequence import (fastest, fastest_cell, fastest_table, kernel_kind, leaders,  # noqa: F401
-                                       markdown_tables, memory_slope_table, memory_slopes, plot_bars,
-                                       plot_memory_vs_seq_len, plot_time_vs_seq_len, results_table, shape_rows,
-                                       slower_by, sweep_rows, sweep_table, tied)
+from attention.report.format import (MODE_TITLES, collapsed, device_label, devices_line, number,  # noqa: F401
+                                     provenance_summary, run_line, table)
+from attention.report.sequence import (fastest, fastest_cell, fastest_table, leaders, markdown_tables,  # noqa: F401
+                                       memory_slope_table, memory_slopes, plot_bars, plot_memory_vs_seq_len,
+                                       plot_time_vs_seq_len, results_table, shape_rows, slower_by, sweep_rows,
+                                       sweep_table, tied)
 
 # sweep name (`attention.bench.SWEEPS`) -> the module that shows its results
 PAGES = {"sequence": sequence, "block_sparse": block_sparse, "decode": decode, "ring": ring, "prefill": prefill}

@@ -91,7 +91,7 @@ def plot_block_sparse(result):
 
     section = result.get(NAME) or {}
     patterns, found = list(section.get("patterns", {})), crossovers(result)
-    fig = Figure(figsize=(9, 3.4 * max(1, math.ceil(len(patterns) / 2))))
+    fig = Figure(figsize=(9, 3.4 * max(1, math.ceil(len(patterns) / 2))), layout="constrained")
     axes = fig.subplots(max(1, math.ceil(len(patterns) / 2)), 2, squeeze=False).ravel()
     for ax, pattern in zip(axes, patterns):
         for kernel, marker in zip(KERNELS, "os"):
@@ -110,13 +110,12 @@ def plot_block_sparse(result):
         ax.set_visible(False)
     fig.suptitle(f"Block-sparse FlexAttention against a dense SDPA mask, forward, B={section.get('batch')}, "
                  f"{section.get('num_heads')} heads of {section.get('head_dim')}: {title_suffix(result)}", fontsize=10)
-    fig.tight_layout()
     return fig
 
 
 def charts(result):
     return {"block-sparse": (plot_block_sparse(result), "FlexAttention with a BlockMask against SDPA with a dense mask, "
-                                                        f"time against sequence length per mask pattern, {title_suffix(result)}")}
+                             f"time against sequence length per mask pattern, {title_suffix(result)}")}
 
 
 def tables(result):

@@ -13,30 +13,30 @@ def headline_rows(result, mode):
     return {row["label"]: row for row in shape_rows(result, mode) if usable(row)}
 
 
+SHARES = {"paired": "share_of_paired_matmul", "run_level": "share_of_matmul_peak"}  # yardstick: row field
+
+
 def share_stability(first, second):
-    """Two runs of one profile: per mode at the headline shape, `{"mode", "fastest", "rows"}`, `rows` a list of
-    `{"label", "paired", "run_level"}`, each a pair of shares (first run, second run), and `fastest` the first
-    run's fastest label. Rows measured in only one run are left out."""
+    """Two runs of one profile: per mode at the headline shape, `{"mode", "rows"}`, `rows` a list of `{"label",
+    "paired", "run_level"}`, each a pair of shares (first run, second run), in the first run's order by time. Rows
+    measured in only one run are left out."""
     comparison = []
     for mode in first["config"]["modes"]:
         a, b = headline_rows(first, mode), headline_rows(second, mode)
-        labels = [label for label in sorted(a, key=lambda label: a[label]["ms_median"]) if label in b]
-        if labels:
-            comparison.append({"mode": mode, "fastest": labels[0], "rows": [
-                {"label": label, "paired": (a[label]["share_of_paired_matmul"], b[label]["share_of_paired_matmul"]),
-                 "run_level": (a[label]["share_of_matmul_peak"], b[label]["share_of_matmul_peak"])} for label in labels]})
+        rows = [{"label": label, **{key: (a[label][field], b[label][field]) for key, field in SHARES.items()}}
+                for label in sorted(a, key=lambda label: a[label]["ms_median"]) if label in b]
+        comparison += [{"mode": mode, "rows": rows}] if rows else []
     return comparison
 
 
 def share_stability_table(first, second, labels=None):
     """`share_stability` as a table: per mode and class (of `labels`, default all), each run's share against either
     yardstick, and the gap."""
-    def gap(pair):
-        return "—" if None in pair else f"{abs(pair[0] - pair[1]) * 100:.1f}"
     return table(["mode", "implementation", "paired: run 1", "run 2", "gap (points)", "run-level: run 1", "run 2",
                   "gap (points)"],
-                 [[MODE_TITLES[entry["mode"]], f"`{row['label']}`", percent(row["paired"][0]), percent(row["paired"][1]),
-                   gap(row["paired"]), percent(row["run_level"][0]), percent(row["run_level"][1]), gap(row["run_level"])]
+                 [[MODE_TITLES[entry["mode"]], f"`{row['label']}`"] + [cell for key in SHARES for cell in (
+                     percent(row[key][0]), percent(row[key][1]),
+                     "—" if None in row[key] else f"{abs(row[key][0] - row[key][1]) * 100:.1f}")]
                   for entry in share_stability(first, second) for row in entry["rows"]
                   if labels is None or row["label"] in labels], "ll" + "r" * 6)
 
@@ -55,11 +55,10 @@ def share_stability_section(first, second, names, labels):
                      f"{number(paired['highest_tflops'])} TFLOP/s, the run-level samples at {number(min(samples))} to "
                      f"{number(max(samples))}")
     for entry in share_stability(first, second):
-        rows = entry["rows"]
-        lines.append(f"\n{MODE_TITLES[entry['mode']].capitalize()}: over all {len(rows)} classes, a class's share moved by "
-                     f"at most {max(abs(r['paired'][0] - r['paired'][1]) for r in rows) * 100:.0f} points between the "
-                     f"runs against the paired yardstick, and by at most "
-                     f"{max(abs(r['run_level'][0] - r['run_level'][1]) for r in rows) * 100:.0f} against the run-level one.")
+        moved = {key: max(abs(r[key][0] - r[key][1]) for r in entry["rows"]) * 100 for key in SHARES}
+        lines.append(f"\n{MODE_TITLES[entry['mode']].capitalize()}: over all {len(entry['rows'])} classes, a class's "
+                     f"share moved by at most {moved['paired']:.0f} points between the runs against the paired "
+                     f"yardstick, and by at most {moved['run_level']:.0f} against the run-level one.")
     rates = [run["matmul_peak"]["tflops"] for run in (first, second)]
     lines.append(f"\nThe two runs' run-level rates were {number(rates[0])} and {number(rates[1])} TFLOP/s, "
                  f"{abs(rates[0] / rates[1] - 1):.0%} apart. A few classes:\n\n"

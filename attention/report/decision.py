@@ -3,8 +3,9 @@
 from attention.bench.results import is_stale
 from attention.report.block_sparse import crossovers
 from attention.report.decode import decode_rows
-from attention.report.format import reader_device
-from attention.report.sequence import fastest, kernel_kind, leaders, shape_rows
+from attention.report.compare import headline_rows
+from attention.report.format import reader_device, table
+from attention.report.sequence import fastest, kernel_kind, leaders
 
 DECISION_DEVICES = {"cpu": "CPU", "cuda": "NVIDIA GPU"}
 NOT_MEASURED = "not measured yet"
@@ -28,6 +29,11 @@ def ordered(runs):
     return results, " (Recorded with older code.)" if any(map(is_stale, results)) else ""
 
 
+def why(kinds, stale):
+    """Why the named classes are fast, from how they handle the scores (`WHY`), and the stale clause."""
+    return ": " + ", ".join(WHY[kind] for kind in sorted(kinds)) + "." + stale
+
+
 def _winners_cell(runs, mode):
     """Each run's answer at its headline shape in `mode` (`leaders`: one class, or the tied ones), runs with the same
     answer together, then why, from how the named classes handle the scores."""
@@ -41,8 +47,7 @@ def _winners_cell(runs, mode):
                 kinds |= {kernel_kind(row, mode, result["device_type"]) for row in [entry["fastest"], *entry["tied"]]}
     if not answers:
         return NOT_MEASURED
-    return ("; ".join(f"{answer} on {where(results)}" for answer, results in answers.items())
-            + ": " + ", ".join(WHY[kind] for kind in sorted(kinds)) + "." + stale)
+    return "; ".join(f"{answer} on {where(results)}" for answer, results in answers.items()) + why(kinds, stale)
 
 
 def _pair_cell(runs, one, other):
@@ -50,14 +55,13 @@ def _pair_cell(runs, one, other):
     faster first, and why it is."""
     (results, stale), cells, kinds = ordered(runs), [], set()
     for result in results:
-        rows = {row["label"]: row for row in shape_rows(result, "forward_backward")
-                if row["status"] == "ok" and row["correct"] is True and not row["compiled"]}
+        rows = headline_rows(result, "forward_backward")
         if one in rows and other in rows:
             first, second = sorted((rows[one], rows[other]), key=lambda row: row["ms_median"])
             cells.append(f"`{first['label']}` trains in {first['ms_median']:,.0f} ms, `{second['label']}` in "
                          f"{second['ms_median']:,.0f} on {where([result])}")
             kinds.add(kernel_kind(first, "forward_backward", result["device_type"]))
-    return "; ".join(cells) + ": " + ", ".join(WHY[kind] for kind in sorted(kinds)) + "." + stale if cells else NOT_MEASURED
+    return "; ".join(cells) + why(kinds, stale) if cells else NOT_MEASURED
 
 
 def _decode_cell(decode_runs):
@@ -114,11 +118,8 @@ def decision_table(runs, decode_runs, long_runs):
         "A GQA model (fewer K/V heads)": lambda kind: _pair_cell(runs[kind], "gqa", "gqa_flex"),
         "A custom mask": lambda kind: _mask_cell(long_runs[kind]),
     }
-    header = "| You want | " + " | ".join(DECISION_DEVICES.values()) + " |"
-    lines = [header, "|---|" + "---|" * len(DECISION_DEVICES)]
-    for use, cell in rows.items():
-        lines.append(f"| {use} | " + " | ".join(cell(kind) for kind in DECISION_DEVICES) + " |")
-    return "\n".join(lines)
+    return table(["You want", *DECISION_DEVICES.values()],
+                 [[use, *map(cell, DECISION_DEVICES)] for use, cell in rows.items()], "l" * (1 + len(DECISION_DEVICES)))
 
 
 def split_by_device(named_results):

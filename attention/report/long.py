@@ -4,24 +4,19 @@ the whole run (`sequence.page`, `block_sparse.page`); a section here shows the f
 with the sentences written from the numbers.
 """
 
-import math
-
 from attention.bench.core import usable
 from attention.bench.results import RESULTS_DIR, find_results, is_stale, load_result
 from attention.causal.tiled import TiledAttention
 from attention.report import prose
 from attention.report.block_sparse import crossover_table, crossovers, plot_block_sparse
 from attention.report.format import MODE_TITLES, device_label, mebibytes, nested, number, short_cpu, table, title_suffix
-from attention.report.sequence import memory_slopes, shape_rows, sweep_rows, sweep_series, tied
+from attention.report.sequence import memory_slopes, plot_memory_vs_seq_len, shape_rows, sweep_rows, tied
 
-CLASSES = {"split_heads": ("naive: (B, H, T, T) scores", "tab:red", "o", "-"),  # label: (name, colour, marker, line)
-           "tiled": ("FlashAttention's algorithm, in Python", "tab:green", "s", "--"),
-           "sdpa_causal": ("SDPA, fused", "tab:blue", "^", ":")}
+CLASSES = ("split_heads", "tiled", "sdpa_causal")  # drawn and tabled, in this order
 
 
 def recorded(folder="long", device_type="cpu", dtype="float32"):
-    """The newest recorded run under `docs/results/<folder>/` (`folder=""`: the top level) of a device type and dtype,
-    not compiled, with its path for prose: `(path, result)`."""
+    """`(path, result)`: the newest run, not compiled, of a device type and dtype under `docs/results/<folder>/`."""
     for path in find_results(RESULTS_DIR / folder, device_type=device_type):
         if (result := load_result(path))["dtype"] == dtype and not (result.get("config") or {}).get("compile"):
             return path.relative_to(RESULTS_DIR.parents[1]).as_posix(), result
@@ -29,8 +24,7 @@ def recorded(folder="long", device_type="cpu", dtype="float32"):
 
 
 def run_device(result):
-    """The run's device as a reader knows it; a run recorded before CPU flags were kept says so instead of
-    "flags unknown"."""
+    """The run's device as a reader knows it; a run from before CPU flags were kept says so, not "flags unknown"."""
     device = result["provenance"]["device"]
     if device["type"] == "cpu" and device.get("cpu_flags") is None:
         return f"{short_cpu(device['cpu'])} (recorded before CPU flags were kept)"
@@ -43,30 +37,17 @@ def run_line(path, result):
             f"{result['provenance']['date_utc'][:10]}")
 
 
-def memory_chart(result, mode="forward_backward"):
-    """Peak memory of one call against T, log-log, one line per class of `CLASSES` with its own colour, marker and
-    line style (so that lines lying on each other stay apart), and O(T), O(T²) guides from the shortest length."""
-    from matplotlib.figure import Figure
-
-    ax = (fig := Figure(figsize=(7, 4.4), layout="constrained")).subplots()
-    series = {label: [(t, peak / 2**20) for t, peak in points]
-              for label, points in sweep_series(result, mode, "peak_memory_bytes").items() if label in CLASSES}
-    for label, points in series.items():
-        name, colour, marker, style = CLASSES[label]
-        ax.plot(*zip(*points), color=colour, marker=marker, linestyle=style, markersize=6 if marker == "o" else 4,
-                markerfacecolor="none" if marker == "o" else colour, linewidth=2, label=f"{label} ({name})")
-    start, longest = min(p[0][0] for p in series.values()), max(p[-1][0] for p in series.values())
-    anchor = math.exp(sum(math.log(dict(p)[start]) for p in series.values()) / len(series))
-    for power, style in ((2, "k--"), (1, "k-.")):
-        ax.plot([start, longest], [anchor, anchor * (longest / start) ** power], style, linewidth=1, alpha=0.5,
-                label=f"grows like T{'²' if power == 2 else ''}")
-    ax.set_xscale("log", base=2)
-    ax.set(yscale="log", xlabel="sequence length T (tokens)", ylabel="peak memory of one call (MiB)")
-    ax.set_title(f"Peak memory, {'forward + backward' if mode == 'forward_backward' else mode}, batch "
-                 f"{result['config']['sweep_batch']}\n{run_device(result)}, {result['dtype']}", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+def device_titled(fig, result):
+    """`fig` with the device in its titles named as `run_device` does, on a line of its own."""
+    for text in [*fig.texts, *(ax.title for ax in fig.axes)]:
+        text.set_text(text.get_text().replace(f": {title_suffix(result)}", f"\n{run_device(result)}, {result['dtype']}"))
     return fig
+
+
+def memory_chart(result, mode="forward_backward"):
+    """`sequence.plot_memory_vs_seq_len` of the `CLASSES` (their own colour, marker and line style each, so that lines
+    lying on each other stay apart), its title naming the device as `run_device` does."""
+    return device_titled(plot_memory_vs_seq_len(result, mode, CLASSES), result)
 
 
 def tiled_section(path, result):
@@ -116,10 +97,7 @@ def tiled_section(path, result):
 
 def block_sparse_chart(result):
     """`block_sparse.plot_block_sparse`, its title naming the device as `run_device` does."""
-    fig = plot_block_sparse(result)
-    fig.suptitle(fig.get_suptitle().replace(f": {title_suffix(result)}", f"\n{run_device(result)}, {result['dtype']}"),
-                 fontsize=10)
-    return fig
+    return device_titled(plot_block_sparse(result), result)
 
 
 def partial_share(pattern, seq_len):

@@ -9,8 +9,6 @@ from attention.bench import metrics
 from attention.bench.core import usable
 from attention.report.format import MODE_TITLES, collapsed, mebibytes, number, percent, status_cell, table, title_suffix
 
-# --- Reading a run: rows by shape, the fastest and the ties ---------------------------------------------------------
-
 def shape_rows(result, mode, batch=None, seq_len=None):
     """Rows of one mode at one `(batch, seq_len)`; default the headline shape."""
     shape = (mode, batch or result["config"]["batch"], seq_len or result["config"]["seq_len"])
@@ -25,8 +23,7 @@ def sweep_rows(result, mode):
 
 
 def fewer_kv_heads(row):
-    """True for a grouped-query or multi-query row: another model (smaller K/V projections) than the multi-head
-    classes it is timed beside."""
+    """True for a grouped-query or multi-query row: another model than the multi-head classes beside it."""
     return row.get("num_kv_heads") is not None and row["num_kv_heads"] != row["num_heads"]
 
 
@@ -47,9 +44,8 @@ def matmul_share(row):
 
 
 def drift_free(row, key="ms_median"):
-    """`row[key]` (a time) at one machine speed: times the matmul rate timed beside the row (the paired yardstick),
-    so rows timed minutes apart on a machine whose speed drifts compare as if timed together (only ratios between
-    rows mean something). Runs without the paired rate: the time as is."""
+    """`row[key]` (a time) at one machine speed, times the matmul rate timed beside the row, so that rows timed minutes
+    apart on a drifting machine compare as if timed together (only ratios mean something); else the time as is."""
     return row[key] * (row.get("matmul_tflops_paired") or 1.0)
 
 
@@ -101,8 +97,6 @@ def leaders(entry):
     return names + (f" ({within(entry['fastest'], entry['tied'])})" if entry["tied"] else "")
 
 
-# --- Tables and charts ----------------------------------------------------------------------------------------------
-
 def verdict(row):
     if row["status"] != "ok":
         return f"{row['status']}: {row['reason']}"
@@ -133,18 +127,14 @@ def results_table(result, mode="forward", batch=None, seq_len=None, labels=None)
 def sweep_table(result, mode="forward", metric="ms_median"):
     """One row field (`ms_median`, `tflops`, `share_of_paired_matmul`, `share_of_matmul_peak`, `peak_memory_bytes`
     in MiB) per class (rows) against T (columns); a cell that is not a number says why."""
-    units = {"ms_median": "ms", "peak_memory_bytes": "MiB", "tflops": "TFLOP/s", "share_of_matmul_peak": "% of matmul",
-             "share_of_paired_matmul": "% of paired matmul"}
+    units = {"ms_median": ("ms", number), "peak_memory_bytes": ("MiB", mebibytes), "tflops": ("TFLOP/s", number),
+             "share_of_matmul_peak": ("% of matmul", percent), "share_of_paired_matmul": ("% of paired matmul", percent)}
     if metric not in units:
         raise ValueError(f"metric must be one of {', '.join(units)}, got metric={metric!r}")
-    shown = {"peak_memory_bytes": mebibytes, "share_of_matmul_peak": percent, "share_of_paired_matmul": percent}
-    rows = sweep_rows(result, mode)
+    (unit, shown), rows = units[metric], sweep_rows(result, mode)
     lengths, cells = sorted({r["seq_len"] for r in rows}), {(r["label"], r["seq_len"]): r for r in rows}
-
-    def value(row):
-        return shown.get(metric, number)(row[metric])
-    return table([f"implementation ({units[metric]})"] + [f"T={t}" for t in lengths],
-                 [[f"`{label}`"] + [status_cell(cells.get((label, t)), value) for t in lengths]
+    return table([f"implementation ({unit})"] + [f"T={t}" for t in lengths],
+                 [[f"`{label}`"] + [status_cell(cells.get((label, t)), lambda row: shown(row[metric])) for t in lengths]
                   for label in dict.fromkeys(r["label"] for r in rows)])
 
 
@@ -260,9 +250,11 @@ def sweep_series(result, mode, metric):
     return {label: sorted(points) for label, points in series.items()}
 
 
-# The classes a sweep chart draws in colour, one per kind of kernel; the others grey, under one legend entry.
-HIGHLIGHTED = {"split_heads": ("naive: (B, H, T, T) scores", "tab:red"), "sdpa_causal": ("SDPA, fused", "tab:blue"),
-               "tiled": ("tiled (FlashAttention's algorithm)", "tab:green"), "flex": ("FlexAttention", "tab:purple")}
+# The classes a sweep chart draws in colour, one per kind of kernel, each with its own marker and line style (so that
+# lines lying on each other stay apart): label: (name, colour, marker, line). The others grey, under one legend entry.
+HIGHLIGHTED = {"split_heads": ("naive: (B, H, T, T) scores", "tab:red", "o", "-"),
+               "tiled": ("FlashAttention's algorithm, in Python", "tab:green", "s", "--"),
+               "sdpa_causal": ("SDPA, fused", "tab:blue", "^", ":"), "flex": ("FlexAttention", "tab:purple", "D", "-.")}
 
 
 def sweep_figure(result, mode, series, guides, what):
@@ -270,11 +262,12 @@ def sweep_figure(result, mode, series, guides, what):
     `[(power, label)]` draw c·T^power from the highlighted lines' geometric mean at the shortest T."""
     from matplotlib.figure import Figure
 
-    ax = (fig := Figure(figsize=(7.5, 5))).subplots()
+    ax = (fig := Figure(figsize=(7.5, 5), layout="constrained")).subplots()
     for label, points in sorted(series.items(), key=lambda item: item[0].split(" ")[0] in HIGHLIGHTED):
-        name, color = HIGHLIGHTED.get(label.split(" ")[0], (None, "0.72"))
-        ax.plot(*zip(*points), marker="o" if name else None, markersize=4, linewidth=2 if name else 1, color=color,
-                label=f"{name} ({label})" if name else None, zorder=3 if name else 2)
+        name, color, marker, style = HIGHLIGHTED.get(label.split(" ")[0], (None, "0.72", None, "-"))
+        ax.plot(*zip(*points), marker=marker, markersize=5, markerfacecolor="none" if marker == "o" else color,
+                linestyle=style, linewidth=2 if name else 1, color=color, label=f"{name} ({label})" if name else None,
+                zorder=3 if name else 2)
     if any(label.split(" ")[0] not in HIGHLIGHTED for label in series):
         ax.plot([], [], color="0.72", label="other classes (see the tables)")
     start = min((points[0][0] for points in series.values()), default=None)
@@ -290,7 +283,6 @@ def sweep_figure(result, mode, series, guides, what):
                  f"{title_suffix(result)}", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
     return fig
 
 
@@ -299,10 +291,12 @@ def plot_time_vs_seq_len(result, mode="forward"):
     return sweep_figure(result, mode, sweep_series(result, mode, "ms_median"), [(2, "O(T²)")], "time per call (ms, median)")
 
 
-def plot_memory_vs_seq_len(result, mode="forward"):
-    """Peak memory of one call against T (log-log), with O(T) and O(T²) guides from the data."""
+def plot_memory_vs_seq_len(result, mode="forward", labels=None):
+    """Peak memory of one call against T (log-log) of `labels` (default all), with O(T) and O(T²) guides from the
+    data."""
     series = {label: [(t, v / 2**20) for t, v in points if v > 0]
-              for label, points in sweep_series(result, mode, "peak_memory_bytes").items()}
+              for label, points in sweep_series(result, mode, "peak_memory_bytes").items()
+              if labels is None or label in labels}
     return sweep_figure(result, mode, {label: points for label, points in series.items() if points},
                         [(2, "O(T²)"), (1, "O(T)")], "peak memory of one call (MiB)")
 
