@@ -24,11 +24,11 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 
 from attention.decoding import KVCache, LatentCache
-from attention.display import show, show_markdown, show_shape, show_table
+from attention.display import show, show_markdown, show_shape, show_source, show_table
 from attention.models import MODELS
-from attention.models.deepseek_v3 import (PUBLISHED_CONFIGS, apply_rotary_interleaved, decode_step_bytes,
-                                          interleaved_cos_sin, kv_cache_bytes_per_token, latent_attention_flops,
-                                          latent_cache_bytes_per_token, layer_parameters)
+from attention.models.deepseek_v3 import (PUBLISHED_CONFIGS, DeepseekV3Attention, apply_rotary_interleaved,
+                                          decode_step_bytes, interleaved_cos_sin, kv_cache_bytes_per_token,
+                                          latent_attention_flops, latent_cache_bytes_per_token)
 from attention.reference import reference_latent_attention
 
 # %% [markdown]
@@ -128,6 +128,10 @@ show_shape("context = SDPA(q, k, v)", context_naive, "(B, H, T, Dv)")
 # Its output `Σ_j p_j W^UV_h c_j` equals `W^UV_h (Σ_j p_j c_j)`: weight the latents, then up-project
 # once. Every head reads the same cache, so it is multi-query attention with keys `Dc + Dr` wide
 # and values `Dc` wide, and the heads fold into the rows of one matmul.
+#
+# ![Multi-head latent attention's two paths: the naive path expands every cached latent into each
+# head's keys and values; the absorbed path folds the key up-projection into the query and the value
+# up-projection after the weighted sum, and reads the latent cache as it lies](../../diagrams/mla-absorption.svg)
 
 # %%
 with torch.no_grad():
@@ -148,8 +152,14 @@ show_shape("context_latent = weights @ latent", context_latent, "(B, H*T, Dc)")
 show_shape("context = context_latent @ w_uvᵀ", context_absorbed, "(B, H, T, Dv)")
 
 # %% [markdown]
-# Both paths end in the same `(B, H, T, Dv)` context, then `o_proj`. The module's `forward` is these
-# lines; the checks:
+# Both paths end in the same `(B, H, T, Dv)` context, then `o_proj`. The module's absorbed path is
+# these lines, over what the cache returns (its `attend_naive` is the section before):
+
+# %% tags=["hide-input"]
+show_source(DeepseekV3Attention.attend_absorbed)
+
+# %% [markdown]
+# The checks, in float64 (largest |difference| over every element):
 
 # %%
 with torch.no_grad():
@@ -162,12 +172,9 @@ checks = {
     "module(x), absorbed path, against the float64 reference": (outputs["absorbed"] - expected).abs().max().item(),
     "module(x): absorbed against naive": (outputs["absorbed"] - outputs["naive"]).abs().max().item(),
 }
-for error in checks.values():
+for label, error in checks.items():
+    print(f"{label:57} {error:.1e}")
     assert error < 1e-12
-
-# %% tags=["hide-input"]
-show_table("Float64: largest |difference| over every element", ["compared", "max |difference|"],
-           [(label, f"{error:.1e}") for label, error in checks.items()])
 
 # %% [markdown]
 # The reference (`attention.reference.reference_latent_attention`) is written from the paper's
@@ -217,11 +224,8 @@ show_table("Every call against the full forward (float64, max |difference|)",
 cache = caches["absorbed"]
 per_position = Dc + Dr
 assert cache.nbytes == B * cache.capacity * per_position * 8  # float64: 8 bytes
-
-# %% tags=["hide-input"]
-show_markdown(f"Here {B} x {cache.capacity} x ({Dc} + {Dr}) x 8 = {cache.nbytes:,} bytes; a KV cache of this "
-              f"layer's keys and values ({H} heads of {Dn + Dr} + {Dv}) would hold {H * (Dn + Dr + Dv) / per_position:.1f} "
-              f"times as much.")
+print(f"{B} x {cache.capacity} x ({Dc} + {Dr}) x 8 = {cache.nbytes:,} bytes; a KV cache of this layer's keys and values "
+      f"({H} heads of {Dn + Dr} + {Dv}) would hold {H * (Dn + Dr + Dv) / per_position:.1f} times as much")
 
 # %% [markdown]
 # ## The cache at the published sizes
@@ -286,31 +290,6 @@ show_markdown(
     f"{v3_heads * (v3_key + v3_value) * element_size / v3['MLA']:.1f} times the latent's.")
 
 # %% [markdown]
-# One sequence's cache over all layers, against its length:
-
-# %% tags=["hide-input"]
-contexts = [2**k for k in range(10, 18)]  # 1k .. 128k positions
-fig = Figure(figsize=(11, 3.6), layout="constrained")
-axes = fig.subplots(1, len(PUBLISHED_CONFIGS), sharey=True)
-styles = {"MHA": ("tab:blue", "-"), "GQA (8 groups)": ("tab:orange", "-"), "MQA": ("tab:green", "-"),
-          "MLA": ("black", "--")}
-for ax, (name, c) in zip(axes, PUBLISHED_CONFIGS.items()):
-    for kind in kinds:
-        gib = [per_token[name][kind] * c["num_hidden_layers"] * n / 2**30 for n in contexts]
-        color, line = styles[kind]
-        ax.plot(contexts, gib, line, color=color, marker="o", markersize=3, label=kind)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(contexts, [f"{n // 1024}k" for n in contexts])
-    ax.set_yscale("log")
-    ax.set_title(f"{name}: {c['num_hidden_layers']} layers, {c['num_attention_heads']} heads")
-    ax.set_xlabel("context (tokens)")
-    ax.grid(True, which="major", alpha=0.3)
-axes[0].set_ylabel("cache per sequence (GiB, bfloat16)")
-axes[0].legend(loc="upper left", fontsize=8)
-fig.suptitle("KV cache of one sequence, all layers: MLA against MHA, GQA and MQA of the same heads")
-show(fig)
-
-# %% [markdown]
 # ## What a decoded token costs on each path
 #
 # Per layer and sequence, one new token over `S` positions (`latent_attention_flops`, which the tests
@@ -335,9 +314,10 @@ for name, c in PUBLISHED_CONFIGS.items():
                           f"{flops['naive'] / moved['naive']:.1f}"))
 
 # %% tags=["hide-input"]
-show_table("One decoded token, one layer, one sequence (bfloat16 bytes)",
-           ["model", "context S", "absorbed GFLOP", "naive GFLOP", "naive / absorbed", "absorbed MB moved",
-            "naive MB moved", "absorbed FLOP/byte", "naive FLOP/byte"], flop_rows)
+show_table("One decoded token, one layer of DeepSeek-V3, one sequence (bfloat16 bytes)",
+           ["context S", "absorbed GFLOP", "naive GFLOP", "naive / absorbed", "absorbed MB moved",
+            "naive MB moved", "absorbed FLOP/byte", "naive FLOP/byte"],
+           [row[1:] for row in flop_rows if row[0] == "DeepSeek-V3"])
 flops_16k, moved_16k = decode_costs["DeepSeek-V3", 16384]
 show_markdown(
     f"At 16,384 positions one DeepSeek-V3 layer's naive step computes {flops_16k['naive'] / flops_16k['absorbed']:.0f} "
@@ -406,7 +386,7 @@ expanded_32k = 32768 * v3_config["num_attention_heads"] * (v3_config["qk_nope_he
                                                             + v3_config["v_head_dim"]) * element_size
 show_markdown(
     "From these counts: **decoding** (one new token per call) "
-    + ("needs fewer FLOPs and moves fewer bytes on the absorbed path for all three models at every context in the table"
+    + ("needs fewer FLOPs and moves fewer bytes on the absorbed path for all three models at 1,024 to 32,768 positions"
        if all(decode_winner.values()) else "does not favour the absorbed path everywhere; see the table above")
     + f". A **prefill** or long chunk favours the naive path once a call brings at least the tokens in the table "
     f"(for DeepSeek-V3 at 32,768 positions, {crossover['DeepSeek-V3', 32768]} new tokens)"
@@ -420,95 +400,42 @@ show_markdown(
 # %% [markdown]
 # ## Measured: decode steps
 #
-# The benchmark's decode sweep (`attention/bench/sweeps/decode.py`) steps one MLA layer on both paths
-# (`MLA` with the kernels `absorbed` and `naive`) beside MHA, GQA and MQA layers of the same query
-# heads, each step checked against `reference_latent_attention` over the cached latents and rotary
-# keys. The MLA layer is DeepSeek-V3's at the sweep's head count and head size: its latent, rotary key
-# and compressed query keep DeepSeek-V3's widths in units of its head size (4, 1/2 and 12 heads of
-# 128). Where the naive step's expanded keys and values would not fit the run's memory budget, the row
-# says "skipped". The runs recorded in `docs/results/decode/`:
+# The benchmark's decode profile steps one MLA layer on both paths (`MLA` with the kernels `absorbed`
+# and `naive`) beside MHA, GQA and MQA layers of the same query heads, each step checked against
+# `reference_latent_attention` over the cached latents and rotary keys. The MLA layer is
+# DeepSeek-V3's at the profile's head count and head size: its latent, rotary key and compressed
+# query keep DeepSeek-V3's widths in units of its head size (4, 1/2 and 12 heads of 128). Where the
+# naive step's expanded keys and values would not fit the run's memory budget, the row says
+# "skipped". The recorded run, read by `attention.report.decode`:
+
+# %%
+from attention.report.decode import latent_section, plot_decode
+from attention.report.long import recorded
+
+decode_path, decode_run = recorded("decode")  # float32
+show(plot_decode(decode_run, "tokens_per_s", models=["GQA", "MQA", "MLA"]))
 
 # %% tags=["hide-input"]
-from attention import report
-
-decode_runs = [(path, report.load_result(path)) for path in report.find_results(report.RESULTS_DIR / "decode")]
-mla_runs = [(path, result) for path, result in decode_runs if report.decode_rows(result, model="MLA")]
-if not mla_runs:
-    held = "; ".join(f"`{path.name}` holds rows of {', '.join(sorted({r['model'] for r in result['decode']['rows']}))}"
-                     for path, result in decode_runs) or "no decode results file is recorded"
-    show_markdown(f"**Not recorded yet.** No recorded decode run has MLA rows ({held}), so this page quotes no "
-                  "timing: speed is measured, not asserted. The decode profile records them: "
-                  "`python -m attention.bench --profile decode --out docs/results/decode/<device>-decode.json`.")
-for path, result in mla_runs:
-    section = result["decode"]
-    show_markdown(f"`docs/results/decode/{path.name}`: {report.run_line(result)} One attention layer, "
-                  f"{section['num_heads']} query heads of {section['head_dim']}; each cell: tokens per second and the "
-                  f"share of {report.share_words(result)}.")
-    for batch in sorted({row["batch"] for row in section["rows"]}):
-        show_markdown(f"**Batch {batch}**\n\n" + report.decode_table(result, batch, models=["MHA", "GQA", "MQA", "MLA"]))
-    show(report.plot_decode(result, "tokens_per_s", models=["GQA", "MQA", "MLA"]))
-    lines = []
-    for batch in (1, 8):
-        absorbed = report.decode_rows(result, batch=batch, model="MLA", kernel="absorbed", context=16384)
-        gqa = report.decode_best(result, "GQA", batch, 16384)
-        if absorbed and gqa:
-            heads = f"{gqa['num_kv_heads']} K/V head" + ("s" if gqa["num_kv_heads"] > 1 else "")
-            lines.append(f"- Batch {batch}, 16,384 positions: the absorbed path runs {absorbed[0]['tokens_per_s']:,.0f} "
-                         f"tokens/s, reading {absorbed[0]['cache_bytes_per_token']:,} bytes of cache per position; GQA "
-                         f"({heads}) {gqa['tokens_per_s']:,.0f} tokens/s with `{gqa['kernel']}`, "
-                         f"reading {gqa['cache_bytes_per_token']:,}: the absorbed path at "
-                         f"{absorbed[0]['tokens_per_s'] / gqa['tokens_per_s']:.2f}x GQA's rate.")
-    pairs = [(absorbed, naive) for absorbed in report.decode_rows(result, model="MLA", kernel="absorbed")
-             for naive in report.decode_rows(result, batch=absorbed["batch"], model="MLA", kernel="naive",
-                                             context=absorbed["context"])]
-    faster = [f"batch {a['batch']} at {a['context']:,}" for a, n in pairs if n["tokens_per_s"] > a["tokens_per_s"]]
-    if pairs:
-        slowdowns = [a["tokens_per_s"] / n["tokens_per_s"] for a, n in pairs]
-        lines.append("- The naive path is faster than the absorbed one " + (
-            f"at {', '.join(faster)}." if faster else
-            f"in none of the {len(pairs)} pairs of batch size and context where both were measured: the absorbed path runs "
-            f"{min(slowdowns):.1f}x to {max(slowdowns):.1f}x its tokens per second."))
-    skipped = [row for row in section["rows"] if row["model"] == "MLA" and row["status"] == "skipped"]
-    if skipped:
-        where = [f"{row['kernel']} batch {row['batch']} at {row['context']:,}" for row in skipped]
-        lines.append(f"- Skipped: {', '.join(where)} ({skipped[0]['reason']}).")
-    show_markdown("\n".join(lines))
+show_markdown(latent_section(decode_path, decode_run))
 
 # %% [markdown]
 # ## Measured: prefill
 #
-# The benchmark's prefill sweep (`attention/bench/sweeps/prefill.py`, `--profile prefill`) runs the same
-# MLA layer on whole prompts, no cache, on both paths with the same weights: one causal forward of `T`
-# tokens, checked against `reference_latent_attention`, its matmul FLOPs counted by
-# `latent_attention_flops` and set beside a matmul timed in the same blocks. Here the FLOP counts above
-# favour the naive path at every length; the rows say what the time does. The runs recorded in
-# `docs/results/prefill/`:
+# The benchmark's prefill profile runs the same MLA layer on whole prompts, no cache, on both paths
+# with the same weights: one causal forward of `T` tokens, checked against
+# `reference_latent_attention`, its matmul FLOPs counted by `latent_attention_flops` and set beside a
+# matmul timed in the same blocks. Here the FLOP counts above favour the naive path at every length
+# (asserted below); the rows say what the time does. The recorded run, read by
+# `attention.report.prefill`:
 
-# %% tags=["hide-input"]
-from attention.report import prefill
+# %%
+from attention.report.prefill import latent_section as prefill_section, plot_prefill
 
 # "favour the naive path at every length": a whole prompt of T tokens (T new tokens over T positions), DeepSeek-V3.
 assert all(latent_attention_flops(v3_config, 2**p, 2**p, "naive") < latent_attention_flops(v3_config, 2**p, 2**p, "absorbed")
            for p in range(18))
+prefill_path, prefill_run = recorded("prefill")
+show(plot_prefill(prefill_run))
 
-prefill_runs = [(path, report.load_result(path)) for path in report.find_results(report.RESULTS_DIR / "prefill")]
-if not prefill_runs:
-    show_markdown("**Not recorded yet.** No prefill run is recorded in `docs/results/prefill/`, so this page quotes "
-                  "no prefill timing: speed is measured, not asserted. The prefill profile records one: "
-                  "`python -m attention.bench --profile prefill --out docs/results/prefill/<device>-prefill.json`.")
-for path, result in prefill_runs:
-    section = result["prefill"]
-    show_markdown(f"`docs/results/prefill/{path.name}`: {report.run_line(result)} One layer, batch {section['batch']}, "
-                  f"{section['num_heads']} query heads of {section['head_dim']}; each cell: median time, TFLOP/s and the "
-                  "share of the matmul timed beside the row.\n\n" + prefill.prefill_table(result))
-    show(prefill.plot_prefill(result))
-    found, both = prefill.naive_faster_from(result)
-    here = report.device_label(result["provenance"]["device"])  # decode runs of the same kind of device only
-    decode_pairs = [(a, n) for _, decoded in mla_runs if report.device_label(decoded["provenance"]["device"]) == here
-                    for a in report.decode_rows(decoded, model="MLA", kernel="absorbed")
-                    for n in report.decode_rows(decoded, batch=a["batch"], model="MLA", kernel="naive", context=a["context"])]
-    decode_absorbed_wins = bool(decode_pairs) and all(a["tokens_per_s"] > n["tokens_per_s"] for a, n in decode_pairs)
-    show_markdown(prefill.summary(result) + (
-        f" So on {here}: **absorbed for decoding** (every decode step recorded on it above), **naive for a prefill** "
-        + ("at every prompt length measured" if found == both[0] else f"from {found:,} tokens on") + "."
-        if found is not None and decode_absorbed_wins else ""))
+# %% tags=["hide-input"]
+show_markdown(prefill_section(prefill_path, prefill_run, decode_run))

@@ -4,8 +4,14 @@ Benchmarks page (the sweep itself: `attention.bench.sweeps.decode`).
 
 import statistics
 
+from attention.bench.results import is_stale
 from attention.bench.sweeps.decode import NAME
-from attention.report.format import collapsed, number, table, title_suffix
+from attention.report.format import collapsed, device_label, number, table, title_suffix
+from attention.report.long import run_line
+from attention.report.prose import file_label
+
+GROUPED = ("MHA", "GQA", "MQA")  # the KV cache page's layers; the others are on the current models and MLA pages
+GRID = "Every model, kernel, batch and context, in both dtypes: [Benchmarks](../../benchmarks/#decoding)."
 
 
 def decode_rows(result, batch=None, model=None, kernel=None, context=None):
@@ -37,10 +43,12 @@ def axes(result, models=None):
             sorted({r["batch"] for r in rows}), sorted({r["context"] for r in rows}))
 
 
-def decode_table(result, batch, models=None):
+def decode_table(result, batch, models=None, contexts=None):
     """Tokens per second and bandwidth share (`shown_share`), as "78 · 27%", per model and kernel (rows) and context
-    (columns), at one batch size, of `models` (default all); skipped or failed rows say so, wrong ones WRONG."""
-    models, kernels, _, contexts = axes(result, models)
+    (columns), at one batch size, of `models` and `contexts` (default all); skipped or failed rows say so, wrong ones
+    WRONG."""
+    models, kernels, _, measured = axes(result, models)
+    contexts = [c for c in measured if contexts is None or c in contexts]
     share = shown_share(result)
     cells = {(r["model"], r["kernel"], r["context"]): r for r in result[NAME]["rows"] if r["batch"] == batch}
 
@@ -162,3 +170,104 @@ def page(result, images):
         decode_summary_table(result, contexts=axes(result)[3][-2:]), images.pop("tokens", ""), bandwidth_note(result),
         collapsed("Every kernel and context, and the share of the bandwidth against context", "\n\n".join(
             [f"**Batch {batch}**\n\n{decode_table(result, batch)}" for batch in axes(result)[2]] + list(images.values())))])
+
+
+# --- The teaching pages' sections: the few rows their text discusses, in words, and a link to the whole grid ---------
+
+
+def row_of(result, model, kernel, batch, context):
+    """The measured, correct row of `model` through `kernel` at `batch` and `context`, or None."""
+    return next(iter(decode_rows(result, batch, model, kernel, context)), None)
+
+
+def heading(path, result, contexts):
+    section = result[NAME]
+    return (f"From the recorded run {run_line(path, result)}: one attention layer of {section['num_heads']} query heads "
+            f"of {section['head_dim']}, batch 1, at {', '.join(f'{c:,}' for c in contexts)} cached positions; each cell: "
+            f"tokens per second · share of {share_words(result)}.")
+
+
+def cache_section(path, result, bfloat16=None, contexts=(4096, 16384, 32768), context=16384):
+    """The KV cache page's recorded run: MHA, GQA and MQA through both kernels at batch 1 (6 rows), then what the rows
+    say at `context`: the fastest step, what the smaller caches buy, the two kernels, batch 8 against batch 1, and with
+    `bfloat16` (`(path, result)` of a bfloat16 run on the same kind of device) what halving the bytes gave."""
+    share, words = shown_share(result), share_words(result)
+    best = {model: decode_best(result, model, 1, context) for model in GROUPED}
+    fastest, (mha, gqa, mqa) = max(best.values(), key=lambda row: row["tokens_per_s"]), best.values()
+    lines = [f"- At {context:,} cached positions the fastest step is {fastest['model']}'s through `{fastest['kernel']}`: "
+             f"{fastest['tokens_per_s']:,.0f} tokens/s, reading {fastest['gbps']:.1f} GB/s, {fastest[share]:.0%} of {words}.",
+             f"- GQA reads {mha['cache_bytes_per_token'] // gqa['cache_bytes_per_token']}x less cache per token than MHA "
+             f"and runs {gqa['tokens_per_s'] / mha['tokens_per_s']:.1f}x as many tokens/s; MQA "
+             f"{mha['cache_bytes_per_token'] // mqa['cache_bytes_per_token']}x less and "
+             f"{mqa['tokens_per_s'] / mha['tokens_per_s']:.1f}x: the query and output projections' weights, read at "
+             "every step too, do not shrink."]
+    for model in GROUPED[1:]:
+        sdpa, matmul = (row_of(result, model, kernel, 1, context) for kernel in ("sdpa", "matmul"))
+        if sdpa and matmul:
+            lines.append(f"- {model} through SDPA: {sdpa['tokens_per_s']:,.0f} tokens/s ({sdpa[share]:.0%}); through the "
+                         f"grouped matmuls: {matmul['tokens_per_s']:,.0f} ({matmul[share]:.0%}).")
+    batch8 = {model: decode_best(result, model, 8, context) for model in GROUPED}
+    lines.append("- Batch 8 against batch 1, in tokens/s over all sequences: " + ", ".join(
+        f"{model} {row['tokens_per_s'] / best[model]['tokens_per_s']:.1f}x" for model, row in batch8.items() if row)
+        + ": the weights are read once for 8 tokens, but each sequence's cache is its own.")
+    if bfloat16 and device_label(bfloat16[1]["provenance"]["device"]) == device_label(result["provenance"]["device"]):
+        halved = {model: decode_best(bfloat16[1], model, 1, context) for model in GROUPED}
+        lines.append(f"- In bfloat16 ({file_label(bfloat16[0], is_stale(bfloat16[1]))}, half the bytes to read): "
+                     + ", ".join(f"{model} {row['tokens_per_s'] / best[model]['tokens_per_s']:.2f}x"
+                                 for model, row in halved.items() if row) + " the float32 tokens/s.")
+    return "\n\n".join([heading(path, result, contexts), decode_table(result, 1, GROUPED, contexts), "\n".join(lines), GRID])
+
+
+def layers_section(path, result, layers, context=16384):
+    """The current models page's recorded run: the fastest kernel of each of `layers` at batch 1, at the shortest
+    context and at `context` (a row per layer), then in words: the layers that run both kernels, each local layer's
+    cache and speed against its global twin's at `context`, and at the shortest context, where a local layer's ring
+    holds more positions than its twin's cache."""
+    shortest = axes(result, layers)[3][0]
+    two = [(model, row_of(result, model, "sdpa", 1, context), row_of(result, model, "matmul", 1, context))
+           for model in layers]
+    lines = [f"- The layers on SDPA, at {context:,} positions, through SDPA and through the grouped matmuls: " + "; ".join(
+        f"{model} {sdpa['tokens_per_s']:,.1f} and {matmul['tokens_per_s']:,.1f} tokens/s "
+        f"({matmul['tokens_per_s'] / sdpa['tokens_per_s']:.2f}x)" for model, sdpa, matmul in two if sdpa and matmul) + "."]
+    for local_name, global_name in (("Gemma-2-local", "Gemma-2-global"), ("gpt-oss-local", "gpt-oss-global")):
+        local, full = (decode_best(result, name, 1, context) for name in (local_name, global_name))
+        if local and full:
+            lines.append(f"- At {context:,} positions {local_name} reads {local['cache_bytes_read'] / 2**20:,.1f} MiB of "
+                         f"cache per step where {global_name} reads {full['cache_bytes_read'] / 2**20:,.1f} MiB, and runs "
+                         f"{local['tokens_per_s'] / full['tokens_per_s']:.1f}x its tokens/s: the weights, "
+                         f"{local['weight_bytes'] / 2**20:,.0f} MiB read at every step, do not shrink with the window.")
+        local, full = (decode_best(result, name, 1, shortest) for name in (local_name, global_name))
+        window = max((row["positions_read"] for row in decode_rows(result, 1, local_name)), default=0)
+        if local and full and shortest < window and local["tokens_per_s"] < full["tokens_per_s"]:
+            lines.append(f"- At {shortest:,} positions, below its window of {window:,}, {local_name} runs "
+                         f"{local['tokens_per_s']:,.0f} tokens/s to {global_name}'s {full['tokens_per_s']:,.0f}: its ring "
+                         "holds the window's slots from the first step, read whole, the empty ones masked.")
+    return "\n\n".join([heading(path, result, (shortest, context)),
+                        decode_summary_table(result, [shortest, context], layers, [1]), "\n".join(lines), GRID])
+
+
+def latent_section(path, result, contexts=(4096, 16384, 32768), context=16384):
+    """The MLA page's recorded run: GQA, MQA and MLA's two paths at batch 1 (6 rows), then in words: the absorbed
+    path's rate against GQA's at `context` per batch size, where the naive path is faster, and what was skipped."""
+    lines = []
+    for batch in axes(result)[2]:
+        absorbed, gqa = row_of(result, "MLA", "absorbed", batch, context), decode_best(result, "GQA", batch, context)
+        if absorbed and gqa:
+            lines.append(f"- Batch {batch}, {context:,} positions: the absorbed path runs {absorbed['tokens_per_s']:,.0f} "
+                         f"tokens/s, reading {absorbed['cache_bytes_per_token']:,} bytes of cache per position; GQA "
+                         f"({gqa['num_kv_heads']} K/V heads) {gqa['tokens_per_s']:,.0f} with `{gqa['kernel']}`, reading "
+                         f"{gqa['cache_bytes_per_token']:,}: the absorbed path at "
+                         f"{absorbed['tokens_per_s'] / gqa['tokens_per_s']:.2f}x GQA's rate.")
+    pairs = [(a, n) for a in decode_rows(result, model="MLA", kernel="absorbed")
+             for n in decode_rows(result, a["batch"], "MLA", "naive", a["context"])]
+    faster = [f"batch {a['batch']} at {a['context']:,}" for a, n in pairs if n["tokens_per_s"] > a["tokens_per_s"]]
+    if pairs:
+        ratios = [a["tokens_per_s"] / n["tokens_per_s"] for a, n in pairs]
+        lines.append("- The naive path is faster than the absorbed one " + (f"at {', '.join(faster)}." if faster else
+                     f"in none of the {len(pairs)} pairs of batch size and context where both were measured: the absorbed "
+                     f"path runs {min(ratios):.1f}x to {max(ratios):.1f}x its tokens per second."))
+    skipped = [f"{row['kernel']} batch {row['batch']} at {row['context']:,} ({row['reason']})"
+               for row in result[NAME]["rows"] if row["model"] == "MLA" and row["status"] == "skipped"]
+    lines += [f"- Skipped: {'; '.join(skipped)}."] if skipped else []
+    return "\n\n".join([heading(path, result, contexts), decode_table(result, 1, ["GQA", "MQA", "MLA"], contexts),
+                        "\n".join(lines), GRID])
