@@ -314,4 +314,4 @@ path, decode_run = recorded("decode")
 show(plot_decode(decode_run, "tokens_per_s", models=GROUPED))
 
 # %% tags=["hide-input"]
-show_markdown(cache_section(path, decode_run, bfloat16=recorded("decode", dtype="bfloat16")))
+show_markdown(cache_section(path, decode_run))

@@ -334,8 +334,10 @@ show_markdown(
 # below, for a call of `T` new tokens ending at `S` positions, the FLOPs of the naive path over those
 # of the absorbed one, at DeepSeek-V3's sizes (below 1: naive needs fewer).
 
-# %% tags=["hide-input"]
+# %%
 v3_config = PUBLISHED_CONFIGS["DeepSeek-V3"]
+
+# %% tags=["hide-input"]
 fig = Figure(figsize=(6.5, 3.8), layout="constrained")
 ax = fig.add_subplot()
 for S in (1024, 4096, 16384, 32768):

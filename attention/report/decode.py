@@ -4,11 +4,9 @@ Benchmarks page (the sweep itself: `attention.bench.sweeps.decode`).
 
 import statistics
 
-from attention.bench.results import is_stale
 from attention.bench.sweeps.decode import NAME
-from attention.report.format import collapsed, device_label, number, table, title_suffix
+from attention.report.format import collapsed, number, table, title_suffix
 from attention.report.long import run_line
-from attention.report.prose import file_label
 
 GROUPED = ("MHA", "GQA", "MQA")  # the KV cache page's layers; the others are on the current models and MLA pages
 GRID = "Every model, kernel, batch and context, in both dtypes: [Benchmarks](../../benchmarks/#decoding)."
@@ -21,9 +19,9 @@ def decode_rows(result, batch=None, model=None, kernel=None, context=None):
             and all(value is None or row[key] == value for key, value in wanted.items())]
 
 
-def decode_best(result, model, batch, context):
-    """The fastest correct row of `model` at `batch` and `context` (any kernel), or None."""
-    return min(decode_rows(result, batch, model, None, context), key=lambda row: row["ms_median"], default=None)
+def decode_best(result, model, batch, context, kernel=None):
+    """The fastest correct row of `model` at `batch` and `context` (through `kernel`, default any), or None."""
+    return min(decode_rows(result, batch, model, kernel, context), key=lambda row: row["ms_median"], default=None)
 
 
 def shown_share(result):
@@ -175,9 +173,10 @@ def page(result, images):
 # --- The teaching pages' sections: the few rows their text discusses, in words, and a link to the whole grid ---------
 
 
-def row_of(result, model, kernel, batch, context):
-    """The measured, correct row of `model` through `kernel` at `batch` and `context`, or None."""
-    return next(iter(decode_rows(result, batch, model, kernel, context)), None)
+def mla_pairs(result):
+    """MLA's (absorbed, naive) rows measured at the same batch size and context."""
+    return [(a, n) for a in decode_rows(result, model="MLA", kernel="absorbed")
+            for n in decode_rows(result, a["batch"], "MLA", "naive", a["context"])]
 
 
 def heading(path, result, contexts):
@@ -187,10 +186,9 @@ def heading(path, result, contexts):
             f"tokens per second · share of {share_words(result)}.")
 
 
-def cache_section(path, result, bfloat16=None, contexts=(4096, 16384, 32768), context=16384):
+def cache_section(path, result, contexts=(4096, 16384, 32768), context=16384):
     """The KV cache page's recorded run: MHA, GQA and MQA through both kernels at batch 1 (6 rows), then what the rows
-    say at `context`: the fastest step, what the smaller caches buy, the two kernels, batch 8 against batch 1, and with
-    `bfloat16` (`(path, result)` of a bfloat16 run on the same kind of device) what halving the bytes gave."""
+    say at `context`: the fastest step, what the smaller caches buy, and batch 8 against batch 1."""
     share, words = shown_share(result), share_words(result)
     best = {model: decode_best(result, model, 1, context) for model in GROUPED}
     fastest, (mha, gqa, mqa) = max(best.values(), key=lambda row: row["tokens_per_s"]), best.values()
@@ -201,34 +199,19 @@ def cache_section(path, result, bfloat16=None, contexts=(4096, 16384, 32768), co
              f"{mha['cache_bytes_per_token'] // mqa['cache_bytes_per_token']}x less and "
              f"{mqa['tokens_per_s'] / mha['tokens_per_s']:.1f}x: the query and output projections' weights, read at "
              "every step too, do not shrink."]
-    for model in GROUPED[1:]:
-        sdpa, matmul = (row_of(result, model, kernel, 1, context) for kernel in ("sdpa", "matmul"))
-        if sdpa and matmul:
-            lines.append(f"- {model} through SDPA: {sdpa['tokens_per_s']:,.0f} tokens/s ({sdpa[share]:.0%}); through the "
-                         f"grouped matmuls: {matmul['tokens_per_s']:,.0f} ({matmul[share]:.0%}).")
     batch8 = {model: decode_best(result, model, 8, context) for model in GROUPED}
     lines.append("- Batch 8 against batch 1, in tokens/s over all sequences: " + ", ".join(
         f"{model} {row['tokens_per_s'] / best[model]['tokens_per_s']:.1f}x" for model, row in batch8.items() if row)
         + ": the weights are read once for 8 tokens, but each sequence's cache is its own.")
-    if bfloat16 and device_label(bfloat16[1]["provenance"]["device"]) == device_label(result["provenance"]["device"]):
-        halved = {model: decode_best(bfloat16[1], model, 1, context) for model in GROUPED}
-        lines.append(f"- In bfloat16 ({file_label(bfloat16[0], is_stale(bfloat16[1]))}, half the bytes to read): "
-                     + ", ".join(f"{model} {row['tokens_per_s'] / best[model]['tokens_per_s']:.2f}x"
-                                 for model, row in halved.items() if row) + " the float32 tokens/s.")
     return "\n\n".join([heading(path, result, contexts), decode_table(result, 1, GROUPED, contexts), "\n".join(lines), GRID])
 
 
 def layers_section(path, result, layers, context=16384):
     """The current models page's recorded run: the fastest kernel of each of `layers` at batch 1, at the shortest
-    context and at `context` (a row per layer), then in words: the layers that run both kernels, each local layer's
-    cache and speed against its global twin's at `context`, and at the shortest context, where a local layer's ring
-    holds more positions than its twin's cache."""
+    context and at `context` (a row per layer), then in words each local layer's cache and speed against its global
+    twin's at `context`, and at the shortest context, where a local layer's ring holds more positions than its twin's."""
     shortest = axes(result, layers)[3][0]
-    two = [(model, row_of(result, model, "sdpa", 1, context), row_of(result, model, "matmul", 1, context))
-           for model in layers]
-    lines = [f"- The layers on SDPA, at {context:,} positions, through SDPA and through the grouped matmuls: " + "; ".join(
-        f"{model} {sdpa['tokens_per_s']:,.1f} and {matmul['tokens_per_s']:,.1f} tokens/s "
-        f"({matmul['tokens_per_s'] / sdpa['tokens_per_s']:.2f}x)" for model, sdpa, matmul in two if sdpa and matmul) + "."]
+    lines = []
     for local_name, global_name in (("Gemma-2-local", "Gemma-2-global"), ("gpt-oss-local", "gpt-oss-global")):
         local, full = (decode_best(result, name, 1, context) for name in (local_name, global_name))
         if local and full:
@@ -248,26 +231,22 @@ def layers_section(path, result, layers, context=16384):
 
 def latent_section(path, result, contexts=(4096, 16384, 32768), context=16384):
     """The MLA page's recorded run: GQA, MQA and MLA's two paths at batch 1 (6 rows), then in words: the absorbed
-    path's rate against GQA's at `context` per batch size, where the naive path is faster, and what was skipped."""
+    path's rate against GQA's at `context` per batch size, and where the naive path is faster."""
     lines = []
     for batch in axes(result)[2]:
-        absorbed, gqa = row_of(result, "MLA", "absorbed", batch, context), decode_best(result, "GQA", batch, context)
+        absorbed, gqa = decode_best(result, "MLA", batch, context, "absorbed"), decode_best(result, "GQA", batch, context)
         if absorbed and gqa:
             lines.append(f"- Batch {batch}, {context:,} positions: the absorbed path runs {absorbed['tokens_per_s']:,.0f} "
                          f"tokens/s, reading {absorbed['cache_bytes_per_token']:,} bytes of cache per position; GQA "
                          f"({gqa['num_kv_heads']} K/V heads) {gqa['tokens_per_s']:,.0f} with `{gqa['kernel']}`, reading "
                          f"{gqa['cache_bytes_per_token']:,}: the absorbed path at "
                          f"{absorbed['tokens_per_s'] / gqa['tokens_per_s']:.2f}x GQA's rate.")
-    pairs = [(a, n) for a in decode_rows(result, model="MLA", kernel="absorbed")
-             for n in decode_rows(result, a["batch"], "MLA", "naive", a["context"])]
+    pairs = mla_pairs(result)
     faster = [f"batch {a['batch']} at {a['context']:,}" for a, n in pairs if n["tokens_per_s"] > a["tokens_per_s"]]
     if pairs:
         ratios = [a["tokens_per_s"] / n["tokens_per_s"] for a, n in pairs]
         lines.append("- The naive path is faster than the absorbed one " + (f"at {', '.join(faster)}." if faster else
                      f"in none of the {len(pairs)} pairs of batch size and context where both were measured: the absorbed "
                      f"path runs {min(ratios):.1f}x to {max(ratios):.1f}x its tokens per second."))
-    skipped = [f"{row['kernel']} batch {row['batch']} at {row['context']:,} ({row['reason']})"
-               for row in result[NAME]["rows"] if row["model"] == "MLA" and row["status"] == "skipped"]
-    lines += [f"- Skipped: {'; '.join(skipped)}."] if skipped else []
     return "\n\n".join([heading(path, result, contexts), decode_table(result, 1, ["GQA", "MQA", "MLA"], contexts),
                         "\n".join(lines), GRID])

@@ -8,7 +8,7 @@ from attention.bench.results import is_stale
 from attention.bench.sweeps.prefill import NAME
 from attention.models.deepseek_v3 import PATHS
 from attention.report import prose
-from attention.report.decode import decode_rows
+from attention.report.decode import mla_pairs
 from attention.report.format import (MODE_TITLES, collapsed, device_label, mebibytes, nested, number, percent,
                                      status_cell, table, title_suffix)
 from attention.report.long import run_line
@@ -118,8 +118,7 @@ def latent_section(path, result, decode_result=None):
     found, both = naive_faster_from(result)
     section, device = result[NAME], device_label(result["provenance"]["device"])
     decoded = decode_result and device_label(decode_result["provenance"]["device"]) == device
-    pairs = [(a, n) for a in decode_rows(decode_result, model="MLA", kernel="absorbed")
-             for n in decode_rows(decode_result, a["batch"], "MLA", "naive", a["context"])] if decoded else []
+    pairs = mla_pairs(decode_result) if decoded else []
     verdict = (f" So on {device}: **absorbed for decoding** (every decode step recorded on it), **naive for a prefill** "
                + ("at every prompt length measured" if found == both[0] else f"from {found:,} tokens on") + "."
                if found is not None and pairs and all(a["tokens_per_s"] > n["tokens_per_s"] for a, n in pairs) else "")
