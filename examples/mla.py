@@ -362,8 +362,8 @@ def smallest_chunk_where_naive_is_cheaper(c, S):
     low, high = 1, S
     if latent_attention_flops(c, S, S, "naive") >= latent_attention_flops(c, S, S, "absorbed"):
         return None
-    def naive_cheaper(new_tokens):
-        return latent_attention_flops(c, new_tokens, S, "naive") < latent_attention_flops(c, new_tokens, S, "absorbed")
+    def naive_cheaper(tokens):
+        return latent_attention_flops(c, tokens, S, "naive") < latent_attention_flops(c, tokens, S, "absorbed")
 
     while low < high:  # naive minus absorbed falls as T grows: the expansion is shared by more tokens
         middle = (low + high) // 2
