@@ -263,6 +263,10 @@ except ValueError as error:
     print(f"ValueError: {error}")
 
 # %% [markdown]
+# A model with rotary embeddings has one more pitfall: a new token rotated at position 0 instead of
+# at the cache's length. It is shown failing, then fixed, on the [current models
+# page](../models/#pitfall-a-cached-step-rotated-at-position-0), whose layers rotate.
+#
 # ## Cache memory and K/V heads
 #
 # The cache holds `2 * H_kv * D` numbers per position and sequence (keys and values): fewer K/V

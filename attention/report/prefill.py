@@ -1,7 +1,6 @@
-"""The prefill sweep's results shown: MLA's two paths per prompt length, where each is faster, tables, charts and its
-section of the Benchmarks page (the sweep itself: `attention.bench.sweeps.prefill`); and the teaching pages' prefill
-sections: the MLA page's, and the grouped-query page's, read from a default-profile run.
-"""
+"""The prefill sweep's results shown: MLA's two paths per prompt length, where each is faster, tables, charts, its
+section of the Benchmarks page and the MLA page's (the sweep: `attention.bench.sweeps.prefill`); and the grouped-query
+page's section, of a default-profile run."""
 
 from attention.bench import core
 from attention.bench.results import is_stale
