@@ -311,11 +311,10 @@ show_source(grouped_decode_attention)
 # `attention.report.decode`:
 
 # %%
-from attention.report.decode import GROUPED, cache_section, plot_decode
+from attention.report.decode import cache_section
 from attention.report.long import recorded
 
-path, decode_run = recorded("decode")
-show(plot_decode(decode_run, "tokens_per_s", models=GROUPED))
+path, decode_run = recorded("decode")  # float32
 
 # %% tags=["hide-input"]
 show_markdown(cache_section(path, decode_run))

@@ -9,14 +9,9 @@
 #
 # Decoding can use that cache two ways: expand the cached latents back to every head's keys and
 # values, then attend (the **naive** path), or fold the up-projections into the query and the output
-# and attend over the latent itself (the **absorbed** path). This page builds one layer, follows the
-# shapes through both paths, checks them against each other, against the float64 reference and
-# against the full forward at every decoding step, then counts what each costs at the published sizes
-# of three models.
-#
-# It assumes the [KV cache and decoding](../kv_cache/) page (prefill, steps, chunks) and the
-# [Position encodings](../positional/) page (rotary embeddings). API reference:
-# [`attention.models.deepseek_v3`](../../api/mla/).
+# and attend over the latent itself (the **absorbed** path). This page builds one layer, follows both
+# paths, checks them, then counts and measures what each costs. It assumes the [KV cache](../kv_cache/)
+# and [Position encodings](../positional/) pages. API: [`attention.models.deepseek_v3`](../../api/mla/).
 
 # %%
 import torch
@@ -77,8 +72,7 @@ with torch.no_grad():
 show_shape("x", x, "(B, T, C)")
 show_shape("c_q = q_a_layernorm(q_a_proj(x))", c_q, "(B, T, q_lora_rank)")
 show_shape("q = q_b_proj(c_q).view(...).transpose(1, 2)", q, "(B, H, T, Dn+Dr)")
-show_shape("q_nope", q_nope, "(B, H, T, Dn)")
-show_shape("q_rope", q_rope, "(B, H, T, Dr)")
+show_shape("q_nope, q_rope = q.split(...)", q_nope, "(B, H, T, Dn)")
 show_shape("latent = kv_a_layernorm(...)   [cached]", latent, "(B, 1, T, Dc)")
 show_shape("k_rope                        [cached]", k_rope, "(B, 1, T, Dr)")
 
@@ -95,7 +89,6 @@ with torch.no_grad():
     k_rope = apply_rotary_interleaved(k_rope, cos, sin)  # (B, 1, T, Dr)
 positions = torch.arange(T)
 causal_mask = positions[:, None] >= positions[None, :]  # (T, T), True = attend
-show_shape("cos, sin", cos, "(T, Dr/2)")
 show_shape("q_rope, rotated", q_rope, "(B, H, T, Dr)")
 show_shape("k_rope, rotated", k_rope, "(B, 1, T, Dr)")
 
@@ -116,7 +109,6 @@ with torch.no_grad():
     context_naive = F.scaled_dot_product_attention(q_full, k, v, attn_mask=causal_mask, scale=module.scaling)  # (B, H, T, Dv)
 show_shape("kv = kv_b_proj(latent).view(...).transpose", kv, "(B, H, S, Dn+Dv)")
 show_shape("k = cat([k_nope, k_rope.expand(...)])", k, "(B, H, S, Dn+Dr)")
-show_shape("v", v, "(B, H, S, Dv)")
 show_shape("q = cat([q_nope, q_rope])", q_full, "(B, H, T, Dn+Dr)")
 show_shape("context = SDPA(q, k, v)", context_naive, "(B, H, T, Dv)")
 
@@ -145,7 +137,6 @@ with torch.no_grad():
     context_latent = attn_weights.view(B, H * T, T) @ latent[:, 0]  # (B, H*T, S) @ (B, S, Dc) -> (B, H*T, Dc)
     context_absorbed = torch.einsum("bhtc,hvc->bhtv", context_latent.view(B, H, T, Dc), w_uv)  # (B, H, T, Dv)
 show_shape("w_uk, w_uv = kv_b_proj.weight.view(H, ...)", w_uk, "(H, Dn, Dc)")
-show_shape("", w_uv, "(H, Dv, Dc)")
 show_shape("q_latent = q_nope @ w_uk", q_latent, "(B, H, T, Dc)")
 show_shape("scores (heads folded into rows)", scores, "(B, H, T, S)")
 show_shape("context_latent = weights @ latent", context_latent, "(B, H*T, Dc)")
@@ -178,14 +169,10 @@ for label, error in checks.items():
 
 # %% [markdown]
 # The reference (`attention.reference.reference_latent_attention`) is written from the paper's
-# equations 9-19, with what the released models add (an RMS norm on the compressed query and on the
-# latent, YaRN's score scale), on top of the one float64 kernel every page uses. The tests
-# (`tests/test_mla.py`) also check the class against transformers' `DeepseekV3Attention` and
-# `DeepseekV2Attention`, fed the hidden states a tiny random model feeds each layer: they agree to
-# the float32 rounding transformers applies inside (its norms, rotary angles and eager softmax run in
-# float32 even in a float64 model); with those steps computed in float64, to float64 rounding.
-# DeepSeek-V2's layer differs only in its rotary code (always adjacent pairs, no `rope_interleave`
-# field), so one class serves both.
+# equations 9-19, with what the released models add (RMS norms on the compressed query and the
+# latent, YaRN's score scale). The tests (`tests/test_mla.py`) also check the class against
+# transformers' `DeepseekV3Attention` and `DeepseekV2Attention` (V2 differs only in always rotating
+# adjacent pairs, so one class serves both).
 
 # %% [markdown]
 # ## Decoding with the latent cache
@@ -203,19 +190,13 @@ show_shape("cache.latent (preallocated)", caches["absorbed"].latent, "(B, 1, cap
 show_shape("cache.rope_keys", caches["absorbed"].rope_keys, "(B, 1, capacity, Dr)")
 calls = [("prefill", 0, 16)] + [("step", t, t + 1) for t in range(16, 20)] + [("chunk", 20, 27), ("step", 27, 28),
                                                                               ("chunk", 28, 40)]
-rows = []
 with torch.no_grad():
     for kind, start, end in calls:
         out = {path: m(sequence[:, start:end], cache=caches[path]) for path, m in modules.items()}
-        errors = [(out["absorbed"] - full[:, start:end]).abs().max().item(),
-                  (out["naive"] - full[:, start:end]).abs().max().item(),
-                  (out["absorbed"] - out["naive"]).abs().max().item()]
-        assert max(errors) < 1e-12
-        rows.append((kind, f"{start}..{end - 1}", caches["absorbed"].length, *(f"{e:.1e}" for e in errors)))
-
-# %% tags=["hide-input"]
-show_table("Every call against the full forward (float64, max |difference|)",
-           ["call", "positions", "cache.length after", "absorbed vs full", "naive vs full", "absorbed vs naive"], rows)
+        errors = {path: (out[path] - full[:, start:end]).abs().max().item() for path in out}
+        assert max(errors.values()) < 1e-12
+        print(f"{kind:7} positions {start:2}..{end - 1:2}: cache.length {caches['absorbed'].length:2}, max |difference| "
+              f"from the full forward: absorbed {errors['absorbed']:.0e}, naive {errors['naive']:.0e}")
 
 # %% [markdown]
 # `cache.nbytes` is `batch x positions x (kv_lora_rank + qk_rope_head_dim) x element size`:
@@ -380,7 +361,7 @@ same_for_all = len({tuple(crossover[name, S] for S in (1024, 4096, 16384, 32768)
 show_table("Fewest new tokens in one call for which the naive path needs fewer FLOPs",
            ["model", *(f"S = {S:,}" for S in (1024, 4096, 16384, 32768))],
            [(name, *(crossover[name, S] if crossover[name, S] else "never" for S in (1024, 4096, 16384, 32768)))
-            for name in PUBLISHED_CONFIGS])
+            for name in (["DeepSeek-V3"] if same_for_all else PUBLISHED_CONFIGS)])
 decode_winner = {name: all(decode_costs[name, S][0]["absorbed"] < decode_costs[name, S][0]["naive"]
                            and decode_costs[name, S][1]["absorbed"] < decode_costs[name, S][1]["naive"]
                            for S in (1024, 4096, 16384, 32768)) for name in PUBLISHED_CONFIGS}
@@ -393,7 +374,7 @@ show_markdown(
     + f". A **prefill** or long chunk favours the naive path once a call brings at least the tokens in the table "
     f"(for DeepSeek-V3 at 32,768 positions, {crossover['DeepSeek-V3', 32768]} new tokens)"
     + ("; the threshold is the same for the three models, whose latent, rotary and head widths are the same "
-       "(the head count cancels out)" if same_for_all else "")
+       "(the head count cancels out), so the table shows one" if same_for_all else "")
     + ". The naive path also "
     f"holds each sequence's expanded keys and values while it attends: {expanded_32k / 2**30:.1f} GiB per DeepSeek-V3 "
     f"layer at 32,768 positions in bfloat16, against {32768 * per_token['DeepSeek-V3']['MLA'] / 2**20:.0f} MiB of "
@@ -402,20 +383,16 @@ show_markdown(
 # %% [markdown]
 # ## Measured: decode steps
 #
-# The benchmark's decode profile steps one MLA layer on both paths (`MLA` with the kernels `absorbed`
-# and `naive`) beside MHA, GQA and MQA layers of the same query heads, each step checked against
-# `reference_latent_attention` over the cached latents and rotary keys. The MLA layer is
-# DeepSeek-V3's at the profile's head count and head size: its latent, rotary key and compressed
-# query keep DeepSeek-V3's widths in units of its head size (4, 1/2 and 12 heads of 128). Where the
-# naive step's expanded keys and values would not fit the run's memory budget, the row says
-# "skipped". The recorded run, read by `attention.report.decode`:
+# The benchmark's decode profile steps one MLA layer on both paths beside GQA and MQA layers of the
+# same query heads, each step checked against `reference_latent_attention`. The layer keeps
+# DeepSeek-V3's widths in units of the profile's head size (latent 4 heads of 128, rotary key 1/2).
+# The recorded run, read by `attention.report.decode`:
 
 # %%
-from attention.report.decode import latent_section, plot_decode
+from attention.report.decode import latent_section
 from attention.report.long import recorded
 
 decode_path, decode_run = recorded("decode")  # float32
-show(plot_decode(decode_run, "tokens_per_s", models=["GQA", "MQA", "MLA"]))
 
 # %% tags=["hide-input"]
 show_markdown(latent_section(decode_path, decode_run))
@@ -423,21 +400,18 @@ show_markdown(latent_section(decode_path, decode_run))
 # %% [markdown]
 # ## Measured: prefill
 #
-# The benchmark's prefill profile runs the same MLA layer on whole prompts, no cache, on both paths
-# with the same weights: one causal forward of `T` tokens, checked against
-# `reference_latent_attention`, its matmul FLOPs counted by `latent_attention_flops` and set beside a
-# matmul timed in the same blocks. Here the FLOP counts above favour the naive path at every length
+# The prefill profile runs the same layer on whole prompts, no cache, on both paths: one checked
+# causal forward of `T` tokens. The FLOP counts above favour the naive path at every length
 # (asserted below); the rows say what the time does. The recorded run, read by
 # `attention.report.prefill`:
 
 # %%
-from attention.report.prefill import latent_section as prefill_section, plot_prefill
+from attention.report.prefill import latent_section as prefill_section
 
 # "favour the naive path at every length": a whole prompt of T tokens (T new tokens over T positions), DeepSeek-V3.
 assert all(latent_attention_flops(v3_config, 2**p, 2**p, "naive") < latent_attention_flops(v3_config, 2**p, 2**p, "absorbed")
            for p in range(18))
 prefill_path, prefill_run = recorded("prefill")
-show(plot_prefill(prefill_run))
 
 # %% tags=["hide-input"]
 show_markdown(prefill_section(prefill_path, prefill_run, decode_run))
