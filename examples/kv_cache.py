@@ -197,13 +197,13 @@ show_source(SlidingWindowKVCache.update)
 show_source(SlidingWindowKVCache._write)
 
 # %% [markdown]
-# Which position each slot holds, step by step (a window of 6, no sinks, 14 tokens):
+# Which position each slot holds, step by step (a window of 6, no sinks, 10 tokens):
 
 # %%
 window = 6
 ring = module.new_cache(batch_size=1, window=window)
 with torch.no_grad():
-    for t in range(14):
+    for t in range(10):
         module(sequence[:1, t:t + 1], cache=ring)
         print(f"after token {t:2}: slots hold positions {ring.positions.tolist()}")  # -1: empty
 
@@ -290,24 +290,19 @@ for label, kv in (("MHA", 8), ("GQA", 2), ("MQA", 1)):
 # and its ceiling is the rate at which the device reads memory, not its matmul rate. Where a K/V
 # head serves a group of query heads, each number feeds `2 * group` operations.
 #
-# SDPA's CPU kernel (`aten::_scaled_dot_product_flash_attention_for_cpu`) splits its work over
-# batch, query heads and blocks of queries, and each piece streams all the keys and values of its
-# K/V head: with `enable_gqa=True` it maps query head `h` to K/V head `h // group` without a copy,
-# but still streams that K/V head once per query head of the group. The grouped matmuls put a K/V
-# head's whole group of queries in one product, so each cached key leaves memory once for all the
-# queries that need it; for a single token they also split each projection's matrix-vector product
-# into a batch (`row_split_linear`), which the CPU's BLAS spreads over every thread:
+# SDPA's CPU kernel splits its work over batch, query heads and blocks of queries, and with
+# `enable_gqa=True` streams each K/V head once per query head of its group. The grouped matmuls put
+# a K/V head's whole group of queries in one product, so each cached key leaves memory once for all
+# the queries that need it:
 
 # %% tags=["hide-input"]
 show_source(grouped_decode_attention)
 
 # %% [markdown]
-# The benchmark's decode profile times one step of one attention layer at a Llama-like size (32
-# query heads of 128) with 32 (MHA), 4 (GQA) and 1 (MQA) K/V heads, through SDPA and through the
-# grouped matmuls (`decode_kernel="sdpa"` and `"matmul"`; the default, `"auto"`, takes the matmuls
-# on a CPU for up to 16 new tokens), each step checked against a float64 reference, and sets the
-# bytes each step must read against the run's bandwidth ceiling. Tokens per second are for this one
-# layer: a model runs every layer (and its MLPs) per token. The recorded run, read by
+# The benchmark's decode profile times one checked step of one attention layer of 32 query heads of
+# 128 with 32 (MHA), 4 (GQA) and 1 (MQA) K/V heads, through SDPA and through the grouped matmuls (the
+# default, `decode_kernel="auto"`, takes the matmuls on a CPU for up to 16 new tokens). Tokens per
+# second are for this one layer; a model runs every layer per token. The recorded run, read by
 # `attention.report.decode`:
 
 # %%

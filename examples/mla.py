@@ -211,17 +211,9 @@ print(f"{B} x {cache.capacity} x ({Dc} + {Dr}) x 8 = {cache.nbytes:,} bytes; a K
 # %% [markdown]
 # ## The cache at the published sizes
 #
-# The three models' attention fields, typed from their `config.json` on huggingface.co
-# (`attention.models.deepseek_v3.PUBLISHED_CONFIGS`):
-
-# %% tags=["hide-input"]
-fields = ("hidden_size", "num_hidden_layers", "num_attention_heads", "q_lora_rank", "kv_lora_rank",
-          "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-show_table("Published configurations (attention fields)", ["model"] + [f.replace("_", " ") for f in fields],
-           [(f"[{name}]({c['source']})", *(c[f] for f in fields)) for name, c in PUBLISHED_CONFIGS.items()])
-
-# %% [markdown]
-# What would the same heads cache without the latent? The paper's Table 1 compares MLA with
+# The three models' attention fields are typed from their `config.json` on huggingface.co
+# (`attention.models.deepseek_v3.PUBLISHED_CONFIGS`, each linked below). What would the same heads
+# cache without the latent? The paper's Table 1 compares MLA with
 # multi-head, grouped-query and multi-query attention of the same query heads, keys and values of
 # the per-head width `d_h` (here `v_head_dim`): `2 n_h d_h` numbers per token and layer for MHA,
 # `2 n_g d_h` for GQA with `n_g` groups (8 here), `2 d_h` for MQA, against `Dc + Dr` for MLA. Bytes in
@@ -248,7 +240,7 @@ for name, c in PUBLISHED_CONFIGS.items():
         allocated[kind] = KVCache(2, kv_heads, c["v_head_dim"], 3, dtype=dtype).nbytes
     per_token[name] = {kind: bytes_per_token(c, kind) for kind in kinds}
     assert all(allocated[kind] == 2 * 3 * per_token[name][kind] for kind in kinds)
-    cache_rows.append((name, *(f"{per_token[name][kind]:,}" for kind in kinds),
+    cache_rows.append((f"[{name}]({c['source']})", *(f"{per_token[name][kind]:,}" for kind in kinds),
                        f"{per_token[name]['MHA'] / per_token[name]['MLA']:.1f}x",
                        f"{per_token[name]['MLA'] * c['num_hidden_layers'] / 1024:,.1f} KiB",
                        f"{per_token[name]['MHA'] * c['num_hidden_layers'] / 1024:,.1f} KiB"))
@@ -273,14 +265,12 @@ show_markdown(
 # %% [markdown]
 # ## What a decoded token costs on each path
 #
-# Per layer and sequence, one new token over `S` positions (`latent_attention_flops`, which the tests
-# check against PyTorch's FLOP counter run over the module's own calls). Both paths project the same
-# query and output. Beyond that, the naive path multiplies `kv_b_proj` into all `S` latents,
-# `2 S Dc H (Dn + Dv)` FLOPs, then attends with keys of `Dn + Dr` and values of `Dv`; the absorbed path
-# folds `W^UK` into the query and `W^UV` into the output once, `2 H Dc (Dn + Dv)`, then attends over
-# the latent, `2 S H (2 Dc + Dr)`. The bytes a step moves (`decode_step_bytes`, bfloat16, batch 1):
-# both read the weights and the cache; the naive path also writes its expanded keys and values and
-# reads them back.
+# Per layer and sequence, one new token over `S` positions (`latent_attention_flops`, checked in the
+# tests against PyTorch's FLOP counter). Beyond the shared projections, the naive path multiplies
+# `kv_b_proj` into all `S` latents, `2 S Dc H (Dn + Dv)` FLOPs; the absorbed path folds `W^UK` and
+# `W^UV` in once, `2 H Dc (Dn + Dv)`, then attends over the latent, `2 S H (2 Dc + Dr)`. Bytes moved
+# (`decode_step_bytes`, bfloat16, batch 1): the weights and the cache, and for the naive path its
+# expanded keys and values, written and read back.
 
 # %%
 flop_rows, decode_costs = [], {}

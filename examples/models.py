@@ -7,13 +7,10 @@
 # not `1 / sqrt(head_dim)`, local (sliding-window or chunked) layers between global ones, learned sinks that
 # let a head attend to nothing, RoPE stretched for long contexts or dropped altogether. This page shows
 # Llama's layer whole, then each other family as the lines that differ from it, checks every family against
-# the float64 reference, and measures what their KV caches and decode steps cost.
-#
-# Each family is a file of `attention/models/` ([API](../../api/models/)) that imports the decoding
-# family (`attention/decoding/`) and, but for Llama's, repeats Llama's helpers as marked copies. A layer is
-# built from a model's configuration with transformers' parameter names, so a real checkpoint's layer loads
-# unchanged; the tests (`tests/test_models.py`) prove every layer equal to transformers' own, on tiny random
-# models (transformers is a test-only dependency).
+# the float64 reference, and measures what their KV caches and decode steps cost. Each family is a file of
+# `attention/models/` ([API](../../api/models/)), built from a model's configuration with transformers'
+# parameter names (a real checkpoint's layer loads unchanged; `tests/test_models.py` proves each equal to
+# transformers' own).
 
 # %%
 import difflib
@@ -63,18 +60,17 @@ rows = []
 for name, layers in MODEL_LAYERS.items():
     first, local = layers[0], [layer for layer in layers if span(layer)]
     windows = "/".join(f"{size:,}" for size in sorted({span(layer) for layer in local}))
-    rows.append((f"[{name}]({PUBLISHED[name]['source']})", f"{first.num_attention_heads} / {first.num_key_value_heads}",
-                 first.head_dim, f"1/√{round(first.scaling**-2)}",
+    rows.append((f"[{name}]({PUBLISHED[name]['source']})",
+                 f"{first.num_attention_heads}/{first.num_key_value_heads} × {first.head_dim}", f"1/√{round(first.scaling**-2)}",
                  ", ".join(sorted({layer.qk_norm for layer in layers} - {None})) or "—",
-                 getattr(first, "attn_logit_softcapping", None) or "—",
-                 f"{windows} on {len(local)} of {len(layers)}" if local else f"none of {len(layers)}",
-                 "learned" if hasattr(first, "sinks") else "—",
+                 f"soft-cap {first.attn_logit_softcapping:g}" if getattr(first, "attn_logit_softcapping", None)
+                 else "learned sinks" if hasattr(first, "sinks") else "—",
+                 f"{windows}: {len(local)}/{len(layers)}" if local else f"0/{len(layers)}",
                  "; ".join(dict.fromkeys(rope_words(layer.rope_parameters) for layer in layers))))
 
 # %% tags=["hide-input"]
 show_table("The attention of each model, from its published config.json",
-           ["model", "query / K/V heads", "head dim", "scale", "QK-norm", "soft-cap", "local layers (keys)", "sinks",
-            "RoPE"], rows)
+           ["model", "query/K/V heads × dim", "scale", "QK-norm", "scores", "local layers: keys, how many", "RoPE"], rows)
 
 # %% [markdown]
 # ## The base: Llama's layer
@@ -209,21 +205,15 @@ show_source(chunk_mask)
 # ## Checked against the float64 reference
 #
 # `attention.reference.reference_model_attention` is the float64 layer written from the papers; what it
-# needs to know of a layer (scale, window, RoPE, norms...) it reads from the model's configuration
-# (`model_reference_kwargs`), never from the layer. Each published model is shrunk here to 64 features in
-# heads of 16 (its ratio of query heads to K/V heads, its schedule, its RoPE and norms kept; windows
-# shortened to 8 keys so that 24 tokens run past them), its weights drawn at random; one layer of each
-# kind is compared in float64 and float32, and so is decoding with the layer's cache (a prompt of 9
-# tokens, then one token per step). The kernel is what PyTorch's profiler saw run:
+# needs to know of a layer it reads from the model's configuration (`model_reference_kwargs`), never from
+# the layer. Each published model is shrunk here to 64 features in heads of 16 (its grouping, schedule,
+# RoPE and norms kept; windows of 8 keys, so that 24 tokens run past them), its weights drawn at random;
+# one layer of each kind is compared in float64 and float32, and so is decoding with the layer's cache (a
+# prompt of 9 tokens, then one token per step):
 
 # %%
-import os
-
-from torch.profiler import profile
-
 from attention.reference import model_reference_kwargs, reference_model_attention
 
-os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # before the profiler's first use: its backend would print each call
 T_CHECK, WINDOW_CHECK = 24, 8
 
 
@@ -251,20 +241,6 @@ def randomised(module):
     return module
 
 
-def kernel_seen(call):
-    """What the profiler saw compute the attention of `call()`: an SDPA kernel, a compiled graph, or matmuls."""
-    with profile() as trace:
-        call()
-    names = {event.name for event in trace.events()}
-    sdpa = sorted(name.removeprefix("aten::_scaled_dot_product_") for name in names
-                  if name.startswith("aten::_scaled_dot_product_"))
-    if sdpa:
-        return "SDPA: " + ", ".join(sdpa)
-    if any(name.startswith("Torch-Compiled Region") for name in names):
-        return "compiled graph (torch.compile)"
-    return "matmul + softmax" if "aten::_softmax" in names else "other"
-
-
 checks = {}  # model -> a tuple per kind of layer checked
 for name, entry in PUBLISHED.items():
     config = shrunk(entry["config"])
@@ -278,27 +254,19 @@ for name, entry in PUBLISHED.items():
         expected, _ = reference_model_attention(x, module.state_dict(), **settings)  # (B, T, C), float64
         with torch.no_grad():
             error64 = (module(x) - expected).abs().max().item()
-            kernel = kernel_seen(lambda: module(x))
             module32, x32 = module.to(torch.float32), x.to(torch.float32)
             error32 = (module32(x32).double() - expected).abs().max().item()
             cache = module32.new_cache(2, capacity=T_CHECK)
             steps = [module32(x32[:, :9], cache=cache)] + [module32(x32[:, t:t + 1], cache=cache) for t in range(9, T_CHECK)]
             decode_error = (torch.cat(steps, dim=1).double() - expected).abs().max().item()
-            cache.rewind(T_CHECK - 1)  # the last step again, to see what ran it
-            decode_kernel = kernel_seen(lambda: module32(x32[:, -1:], cache=cache))
         assert error64 < 1e-10 and error32 < 1e-4 and decode_error < 1e-4, (name, layer_type)
-        checks.setdefault(name, []).append((f"{layer_idx} ({layer_type.split('_')[0]})", kernel, error64, error32,
-                                            decode_error, decode_kernel, cache.keys.shape[2]))
+        checks.setdefault(name, []).append((layer_type.split("_")[0], error64, error32, decode_error, cache.keys.shape[2]))
 
 # %% tags=["hide-input"]
-def joined(found, i):  # one column of a model's layers, each value once
-    return " / ".join(dict.fromkeys(str(layer[i]).replace("_for_cpu", "") for layer in found))
-
-
 show_table(f"Each model's layers (shrunk, random weights) against the float64 reference, {T_CHECK} tokens, batch 2: "
-           "largest |error|", ["model", "layers", "kernel", "float64", "float32", "decoding", "decode kernel", "cache slots"],
-           [(name, joined(found, 0), joined(found, 1), *(f"{max(layer[i] for layer in found):.0e}" for i in (2, 3, 4)),
-             joined(found, 5), joined(found, 6)) for name, found in checks.items()])
+           "largest |error|", ["model", "layers checked", "float64", "float32", "decoding", "cache slots"],
+           [(name, " / ".join(layer[0] for layer in found), *(f"{max(layer[i] for layer in found):.0e}" for i in (1, 2, 3)),
+             " / ".join(str(layer[4]) for layer in found)) for name, found in checks.items()])
 
 # %% [markdown]
 # Decoding in float32 with the cache stays as close to the float64 full pass as the full float32 pass,
@@ -377,15 +345,9 @@ show_markdown(
 # ## Decode step time per layer type
 #
 # The benchmark's decode profile times one decode step of one layer of each kind, built by `from_config`
-# from the published configurations at the profile's head count and size, with each model's own query
-# heads per K/V head, window, norms, scale, RoPE and sinks: Llama 3.1's global layer (`Llama-3`), Gemma 3
-# 27B's local layer, Gemma 2 27B's soft-capped local and global layers, gpt-oss-120b's local and global
-# layers with their sinks, and Llama 4 Scout's chunked RoPE layer and its NoPE layer (4 query heads per
-# K/V head, since Scout's 40:8 does not divide the profile's query heads). Each step is checked against
-# `reference_model_attention` over what the cache holds. The layers on SDPA run two kernels, SDPA and the
-# grouped matmuls (`decode_kernel="auto"`, the default, takes the matmuls for one new token on a CPU);
-# Gemma 2's and gpt-oss's run their written-out softmax. The recorded run, read by
-# `attention.report.decode`:
+# at the profile's head count and size with each model's own grouping, window, norms, scale, RoPE and
+# sinks (Llama 4 Scout's with 4 query heads per K/V head, as its 40:8 does not divide the profile's heads),
+# each step checked against `reference_model_attention`. The recorded run, read by `attention.report.decode`:
 
 # %%
 from attention.report.decode import layers_section
