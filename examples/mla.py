@@ -188,8 +188,7 @@ with torch.no_grad():
 caches = {path: m.new_cache(batch_size=B, capacity=64) for path, m in modules.items()}
 show_shape("cache.latent (preallocated)", caches["absorbed"].latent, "(B, 1, capacity, Dc)")
 show_shape("cache.rope_keys", caches["absorbed"].rope_keys, "(B, 1, capacity, Dr)")
-calls = [("prefill", 0, 16)] + [("step", t, t + 1) for t in range(16, 20)] + [("chunk", 20, 27), ("step", 27, 28),
-                                                                              ("chunk", 28, 40)]
+calls = [("prefill", 0, 16), ("step", 16, 17), ("step", 17, 18), ("chunk", 18, 27), ("step", 27, 28), ("chunk", 28, 40)]
 with torch.no_grad():
     for kind, start, end in calls:
         out = {path: m(sequence[:, start:end], cache=caches[path]) for path, m in modules.items()}
@@ -197,12 +196,7 @@ with torch.no_grad():
         assert max(errors.values()) < 1e-12
         print(f"{kind:7} positions {start:2}..{end - 1:2}: cache.length {caches['absorbed'].length:2}, max |difference| "
               f"from the full forward: absorbed {errors['absorbed']:.0e}, naive {errors['naive']:.0e}")
-
-# %% [markdown]
-# `cache.nbytes` is `batch x positions x (kv_lora_rank + qk_rope_head_dim) x element size`:
-
-# %%
-cache = caches["absorbed"]
+cache = caches["absorbed"]  # cache.nbytes: batch x positions x (kv_lora_rank + qk_rope_head_dim) x element size
 per_position = Dc + Dr
 assert cache.nbytes == B * cache.capacity * per_position * 8  # float64: 8 bytes
 print(f"{B} x {cache.capacity} x ({Dc} + {Dr}) x 8 = {cache.nbytes:,} bytes; a KV cache of this layer's keys and values "

@@ -78,12 +78,13 @@ show_table("The attention of each model, from its published config.json",
 # `LlamaAttention` (`attention/models/llama.py`) is plain grouped-query attention with RoPE: project,
 # split heads, rotate queries and keys by their positions, attend, project back. Mistral and Qwen2 are the
 # same class; their configurations switch on a window (Mistral 7B v0.1) or q/k/v biases (Qwen2). `start`
-# is the position of the chunk's first token: 0 without a cache, the cache's length with one.
+# is the position of the chunk's first token: 0 without a cache, the cache's length with one. The
+# rotation itself (`rotary_cos_sin`, [API](../../api/models/llama/)) is the [Position
+# encodings](../positional/) page's rotate-half RoPE.
 
 # %% tags=["hide-input"]
 show_source(LlamaAttention.forward)
 show_source(LlamaAttention.qkv)
-show_source(inspect.getmodule(LlamaAttention).rotary_cos_sin)
 
 # %% [markdown]
 # ### Pitfall: a cached step rotated at position 0
@@ -332,14 +333,18 @@ for name, layers in MODEL_LAYERS.items():
                  f"{kv_cache_bytes(layers, max_context) / all_global:.0%}"))
 
 # %% tags=["hide-input"]
+all_global_rows = [row for row in rows if row[-1] == "100%"]
 show_table("KV cache per sequence in bfloat16 (checked against allocated caches' nbytes)",
-           ["model", "KiB per token", "GiB at 32k (or max)", "max context", "GiB at max context", "of all-global"], rows)
+           ["model", "KiB per token", "GiB at 32k (or max)", "max context", "GiB at max context", "of all-global"],
+           [row for row in rows if row[-1] != "100%" or row is all_global_rows[0]])
 gemma3, llama = MODEL_LAYERS["Gemma 3 27B"], MODEL_LAYERS["Llama 3.1 8B"]
 show_markdown(
     f"At 128k tokens Gemma 3 27B caches {kv_cache_bytes(gemma3, 131072) / 2**30:.1f} GiB, where Llama 3.1 8B, "
     f"all {len(llama)} of its layers global, caches {kv_cache_bytes(llama, 131072) / 2**30:.1f} GiB; "
     f"with all its layers global Gemma 3 27B would cache "
-    f"{sum(2 * layer.num_key_value_heads * layer.head_dim * BYTES * 131072 for layer in gemma3) / 2**30:.1f} GiB.")
+    f"{sum(2 * layer.num_key_value_heads * layer.head_dim * BYTES * 131072 for layer in gemma3) / 2**30:.1f} GiB. "
+    f"Of the {len(all_global_rows)} models whose layers are all global ("
+    + ", ".join(row[0] for row in all_global_rows) + "), the table shows the first.")
 
 # %% [markdown]
 # ## Decode step time per layer type
