@@ -159,9 +159,7 @@ def test_the_kv_cache_section_shows_six_rows_and_its_ratios_from_them(decode_run
     assert all(len(row) == 5 for row in rows) and text.endswith(GRID) and path in text
     mha, gqa = (decode_best(result, model, 1, 16384) for model in ("MHA", "GQA"))
     assert (f"GQA reads {mha['cache_bytes_per_token'] // gqa['cache_bytes_per_token']}x less cache per token than MHA "
-            f"and runs {gqa['tokens_per_s'] / mha['tokens_per_s']:.1f}x as many tokens/s") in text
-    fastest = max((decode_best(result, m, 1, 16384) for m in ("MHA", "GQA", "MQA")), key=lambda r: r["tokens_per_s"])
-    assert f"the fastest step is {fastest['model']}'s through `{fastest['kernel']}`" in text
+            f"and runs {gqa['tokens_per_s'] / mha['tokens_per_s']:.1f}x as many tokens/s (`{gqa['kernel']}`)") in text
 
 
 def test_the_models_section_shows_a_row_per_layer_and_compares_local_with_global(decode_run):

@@ -188,15 +188,12 @@ def heading(path, result, contexts):
 
 def cache_section(path, result, contexts=(4096, 16384, 32768), context=16384):
     """The KV cache page's recorded run: MHA, GQA and MQA through both kernels at batch 1 (6 rows), then what the rows
-    say at `context`: the fastest step, what the smaller caches buy, and batch 8 against batch 1."""
-    share, words = shown_share(result), share_words(result)
+    say at `context`: what the smaller caches buy (fastest kernels), and batch 8 against batch 1."""
     best = {model: decode_best(result, model, 1, context) for model in GROUPED}
-    fastest, (mha, gqa, mqa) = max(best.values(), key=lambda row: row["tokens_per_s"]), best.values()
-    lines = [f"- At {context:,} cached positions the fastest step is {fastest['model']}'s through `{fastest['kernel']}`: "
-             f"{fastest['tokens_per_s']:,.0f} tokens/s, reading {fastest['gbps']:.1f} GB/s, {fastest[share]:.0%} of {words}.",
-             f"- GQA reads {mha['cache_bytes_per_token'] // gqa['cache_bytes_per_token']}x less cache per token than MHA "
-             f"and runs {gqa['tokens_per_s'] / mha['tokens_per_s']:.1f}x as many tokens/s; MQA "
-             f"{mha['cache_bytes_per_token'] // mqa['cache_bytes_per_token']}x less and "
+    mha, gqa, mqa = best.values()
+    lines = [f"- At {context:,} positions GQA reads {mha['cache_bytes_per_token'] // gqa['cache_bytes_per_token']}x less "
+             f"cache per token than MHA and runs {gqa['tokens_per_s'] / mha['tokens_per_s']:.1f}x as many tokens/s "
+             f"(`{gqa['kernel']}`); MQA {mha['cache_bytes_per_token'] // mqa['cache_bytes_per_token']}x less and "
              f"{mqa['tokens_per_s'] / mha['tokens_per_s']:.1f}x: the query and output projections' weights, read at "
              "every step too, do not shrink."]
     batch8 = {model: decode_best(result, model, 8, context) for model in GROUPED}
