@@ -61,16 +61,16 @@ for name, layers in MODEL_LAYERS.items():
     first, local = layers[0], [layer for layer in layers if span(layer)]
     windows = "/".join(f"{size:,}" for size in sorted({span(layer) for layer in local}))
     rows.append((f"[{name}]({PUBLISHED[name]['source']})",
-                 f"{first.num_attention_heads}/{first.num_key_value_heads} × {first.head_dim}", f"1/√{round(first.scaling**-2)}",
+                 f"{first.num_attention_heads}/{first.num_key_value_heads} × {first.head_dim}", f"1/\u2060√{round(first.scaling**-2)}",  # a word joiner: no line break
                  ", ".join(sorted({layer.qk_norm for layer in layers} - {None})) or "—",
-                 f"soft-cap {first.attn_logit_softcapping:g}" if getattr(first, "attn_logit_softcapping", None)
-                 else "learned sinks" if hasattr(first, "sinks") else "—",
+                 f"cap {first.attn_logit_softcapping:g}" if getattr(first, "attn_logit_softcapping", None)
+                 else "sinks" if hasattr(first, "sinks") else "—",
                  f"{windows}: {len(local)}/{len(layers)}" if local else f"0/{len(layers)}",
                  "; ".join(dict.fromkeys(rope_words(layer.rope_parameters) for layer in layers))))
 
 # %% tags=["hide-input"]
 show_table("The attention of each model, from its published config.json",
-           ["model", "query/K/V heads × dim", "scale", "QK-norm", "scores", "local layers: keys, how many", "RoPE"], rows)
+           ["model", "query/K/V heads × dim", "scale", "QK-norm", "soft-cap or sinks", "local layers: keys, how many", "RoPE"], rows)
 
 # %% [markdown]
 # ## The base: Llama's layer
@@ -352,14 +352,15 @@ show_markdown(
 # The benchmark's decode profile times one decode step of one layer of each kind, built by `from_config`
 # at the profile's head count and size with each model's own grouping, window, norms, scale, RoPE and
 # sinks (Llama 4 Scout's with 4 query heads per K/V head, as its 40:8 does not divide the profile's heads),
-# each step checked against `reference_model_attention`. The recorded run, read by `attention.report.decode`:
+# each step checked against `reference_model_attention`. Llama 3.1's global layer and the local and global
+# layers of Gemma 2 27B and gpt-oss-120b, from the recorded run, read by `attention.report.decode` (Gemma 3's
+# and Llama 4's layers too on the Benchmarks page):
 
 # %%
 from attention.report.decode import layers_section
 from attention.report.long import recorded
 
-LAYER_ROWS = ["Llama-3", "Gemma-3-local", "Gemma-2-local", "Gemma-2-global", "gpt-oss-local", "gpt-oss-global",
-              "Llama-4-chunked", "Llama-4-NoPE"]  # the decode profile's names of these layers
+LAYER_ROWS = ["Llama-3", "Gemma-2-local", "Gemma-2-global", "gpt-oss-local", "gpt-oss-global"]  # the profile's names
 path, decode_run = recorded("decode")  # float32
 
 # %% tags=["hide-input"]
