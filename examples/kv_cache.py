@@ -4,12 +4,9 @@
 # A language model generates one token at a time, and token `t + 1` attends to the keys and values
 # of every token before it. Recomputing them at every step would project the whole prefix again;
 # a **KV cache** keeps them, so a step projects only the new token and reads the cache. This page
-# builds decoding on `GroupedQueryAttention` (`attention/causal/gqa.py`, the class of
-# [Grouped-query and multi-query attention](../gqa/)) with the caches and kernels of
-# `attention/decoding/`: prefill, one token per step, chunks, the code, the pitfalls (each shown
-# failing, then fixed), and the speed of a step, measured. It assumes the
-# [split-heads](../split_heads/) page (the `(B, H, T, D)` layout) and the [masks](../masks/) page
-# (predicates, True = attend).
+# builds decoding on the [grouped-query](../gqa/) class with the caches and kernels of
+# `attention/decoding/`: prefill, steps, chunks, the code, the pitfalls (each shown failing, then
+# fixed) and a step's speed. It assumes the [split-heads](../split_heads/) and [masks](../masks/) pages.
 #
 # ![A KV cache growing one strip per step: the prompt's keys and values fill the first slots of a
 # preallocated buffer in one call, then each decoding step writes one position and its query reads

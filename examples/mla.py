@@ -293,11 +293,10 @@ show_markdown(
 # %% [markdown]
 # ## When to use which path
 #
-# Per pair of query and key, the absorbed path's scores and weighted sum run over `2 Dc + Dr` features
-# where the naive path's run over `Dn + Dr + Dv`; the naive path pays instead for expanding each
-# position's latent once per call. So the more new tokens a call brings, the better expanding pays:
-# below, for a call of `T` new tokens ending at `S` positions, the FLOPs of the naive path over those
-# of the absorbed one, at DeepSeek-V3's sizes (below 1: naive needs fewer).
+# Per query-key pair the absorbed path works over `2 Dc + Dr` features, the naive path over
+# `Dn + Dr + Dv`, but pays for expanding each latent once per call: the more new tokens a call brings,
+# the better expanding pays. The naive path's FLOPs over the absorbed path's, for `T` new tokens ending
+# at `S` positions, DeepSeek-V3 (below 1: naive needs fewer):
 
 # %%
 v3_config = PUBLISHED_CONFIGS["DeepSeek-V3"]

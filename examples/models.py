@@ -116,8 +116,7 @@ assert errors["rotated at position 0"] > 1e-2 and errors[f"rotated at cache.leng
 # %% [markdown]
 # ## What each model changes, in lines
 #
-# Each family but Llama's is a file of its own; the diffs below are generated from the files, against
-# Llama's functions above.
+# Each diff below is generated from a family's file, against Llama's functions above.
 
 # %% tags=["hide-input"]
 from attention.models.gemma2 import softcapped_attention
@@ -188,19 +187,15 @@ show_source(chunk_mask)
 # ### RoPE for long contexts: Llama 3.1, Gemma 3, gpt-oss
 #
 # Every family here but Llama 4 (interleaved pairs, above) rotates in the rotate-half layout, pairing
-# feature `i` with `i + D/2` (DeepSeek-V3, on the [MLA page](../mla/), interleaves too). What differs is
-# the frequencies: Llama 3.1 divides the slow ones by 8 (`"llama3"`), Gemma 3's global layers divide all
-# of them by 8 (`"linear"`), gpt-oss's YaRN blends by pair index and scales cos and sin. One function,
-# `rope_frequencies` ([API](../../api/models/llama/)), repeated in every file, reads them off the
-# configuration.
+# feature `i` with `i + D/2` (DeepSeek-V3, on the [MLA page](../mla/), interleaves too). The frequencies
+# differ: Llama 3.1 divides the slow ones by 8 (`"llama3"`), Gemma 3's global layers all of them
+# (`"linear"`), gpt-oss's YaRN blends by pair index (`rope_frequencies`, [API](../../api/models/llama/)).
 #
 # ### Windows and their caches: every local layer
 #
-# A sliding layer's query at position `i` sees keys `i - window < j <= i`: the last `window` keys, itself
-# included, as transformers' masks do. Its `new_cache` returns the ring buffer of the [KV cache
-# page](../kv_cache/#pitfall-3-a-cache-that-must-stay-bounded), whatever the capacity asked for, so a local
-# layer's memory stops growing at the window (Llama 4's chunked layers keep the same ring, one chunk long,
-# and mask it to the current chunk).
+# A sliding layer's query at `i` sees keys `i - window < j <= i`, as transformers' masks do; its
+# `new_cache` returns the [KV cache page's](../kv_cache/#pitfall-3-a-cache-that-must-stay-bounded) ring
+# buffer, so its memory stops growing at the window (Llama 4's chunks: the same ring, masked to the chunk).
 
 # %% [markdown]
 # ## Checked against the float64 reference
