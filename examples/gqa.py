@@ -14,19 +14,15 @@
 # [`attention.causal.gqa`](../../api/causal/gqa/), [`attention.causal.gqa_flex`](../../api/causal/gqa_flex/).
 
 # %%
-import math
-
 import torch
 import torch.nn.functional as F
 from matplotlib.figure import Figure
 
 import attention
-from attention.report import prose
-from attention.bench.metrics import profile_call
 from attention.causal.gqa import GroupedQueryAttention, MultiQueryAttention
 from attention.causal.gqa_flex import GroupedQueryFlexAttention
 from attention.decoding import KVCache
-from attention.display import show, show_markdown, show_shape, show_table
+from attention.display import show, show_markdown, show_shape, show_source, show_table
 from attention.reference import expand_kv_heads, reference_causal_self_attention
 
 # %% [markdown]
@@ -84,9 +80,16 @@ show_shape("out", out, "(B, T, C)")
 print(f"repeat then SDPA against enable_gqa=True: max |difference| = {(context_repeat - context_gqa).abs().max().item():.1e}")
 
 # %% [markdown]
-# That is the module's `forward`. Against the float64 reference, which expands the shared K/V
-# weights to one head per query head (`attention.reference.expand_kv_heads`) and then runs
-# ordinary multi-head attention:
+# That is the module's `forward`: the same lines, with a cache's keys and values in place of `k` and
+# `v` when it decodes ([KV cache and decoding](../kv_cache/) explains the cache and the grouped
+# matmuls), and `kv_strategy="repeat"` for the copy:
+
+# %% tags=["hide-input"]
+show_source(GroupedQueryAttention.forward)
+
+# %% [markdown]
+# Against the float64 reference, which expands the shared K/V weights to one head per query head
+# (`attention.reference.expand_kv_heads`) and then runs ordinary multi-head attention:
 
 # %%
 reference, _ = reference_causal_self_attention(x, module.canonical_state_dict(), H)
@@ -134,26 +137,38 @@ print(f"split_heads with the K/V rows repeated, against the GQA module: max |dif
 #
 # `kv_strategy="enable_gqa"` (the default) passes the smaller K/V to SDPA with `enable_gqa=True`;
 # `kv_strategy="repeat"` copies them to `H` heads first, for backends without GQA support. The same
-# output; which SDPA backend the profiler saw on this machine, and what the copy costs:
+# output, and the same fused SDPA kernel, as PyTorch's profiler sees it run:
 
 # %%
+import os
+
+from torch.profiler import profile
+
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # before the profiler's first use: its backend would print each call
+
+def sdpa_kernels(call):
+    """The SDPA kernels (`aten::_scaled_dot_product_*` operators) the profiler saw `call()` run."""
+    with profile() as trace:
+        call()
+    return sorted({event.name for event in trace.events() if event.name.startswith("aten::_scaled_dot_product")})
+
+
 x_long = torch.randn(1, 256, d_model)
-rows = []
 for strategy in ("enable_gqa", "repeat"):
     variant = GroupedQueryAttention(d_model, d_model, 256, 0.0, H, num_kv_heads=H_kv, kv_strategy=strategy).eval()
     variant.load_canonical_state_dict(module.canonical_state_dict())
     with torch.no_grad():
-        backends = profile_call(lambda: variant(x_long), "cpu")["backends"]
         difference = (variant(x_long) - module(x_long)).abs().max().item()
-    rows.append((f"`{strategy}`", ", ".join(backends), f"{difference:.1e}"))
-
-# %% tags=["hide-input"]
-show_table("kv_strategy on this machine (B = 1, T = 256)", ["kv_strategy", "SDPA backend", "max |difference|"], rows)
+        print(f"kv_strategy={strategy!r}: {', '.join(sdpa_kernels(lambda: variant(x_long)))}; "
+              f"max |difference| {difference:.1e}")
 copy_bytes = 2 * (H - H_kv) * 256 * D * 4  # K and V: (H - H_kv) more heads of T x D, float32, B = 1
 llama3_bytes = 2 * (32 - 8) * 4096 * 128 * 2  # Llama 3 8B: 32 query heads, 8 K/V heads of 128, 4,096 tokens, bf16
-show_markdown(f"The repeat allocates `(H - H_kv) * T * D` more numbers for K and for V: {copy_bytes:,} bytes here; "
-              f"for one layer of Llama 3 8B (32 query heads, 8 K/V heads of 128) at 4,096 tokens in bfloat16, "
-              f"{llama3_bytes / 2**20:,.0f} MiB per sequence, written and read again at every call.")
+print(f"the repeat's copy: {copy_bytes:,} bytes here; {llama3_bytes / 2**20:,.0f} MiB per sequence for one layer of "
+      "Llama 3 8B at 4,096 tokens in bfloat16")
+
+# %% [markdown]
+# The repeat allocates `(H - H_kv) * T * D` more numbers for K and for V, written and read again at
+# every call.
 
 # %% [markdown]
 # ## FlexAttention
@@ -229,72 +244,22 @@ show_markdown(f"At 32k tokens a Llama 2 7B sequence needs {llama2 / 2**30:.0f} G
 #
 # Without a cache (a prompt's prefill, or training), GQA computes as many query heads as MHA, so
 # the attention core costs the same; only the key and value projections shrink. The recorded
-# default-profile benchmark runs the registered classes at the headline shape (GPT-2 small's
-# widths, 12 query heads of 64; `gqa` with its default K/V heads, groups of 4 query heads):
+# default-profile benchmark runs the registered classes at its headline shape (GPT-2 small's widths,
+# 12 query heads of 64; `gqa` with its default K/V heads, groups of 4 query heads). It also says
+# which class suits a custom mask: GQA is what current models train with, keeping most of MHA's
+# quality at a fraction of its cache (the GQA paper's result), and MQA saves the most memory at some
+# cost in quality; in this package `gqa` (SDPA) is the class to copy, and for a custom mask or score,
+# `gqa_flex` takes a FlexAttention `mask_mod` or `score_mod`. The run, read by
+# `attention.report.prefill`:
+
+# %%
+from attention.report.long import recorded
+from attention.report.prefill import grouped_query_section
+
+path, default_run = recorded("")  # the newest default-profile run, float32
 
 # %% tags=["hide-input"]
-from attention import report
-
-NAMES = ("split_heads", "sdpa_causal", "gqa", "mqa", "flex", "gqa_flex")
-loaded = [(path, report.load_result(path)) for path in report.RESULTS_DIR.glob("*.json")]
-recorded_runs = sorted(((path, result) for path, result in loaded if result["config"]["profile"] == "default"
-                        and any(row["implementation"] == "gqa" for row in result["rows"])),
-                       key=lambda item: item[1]["provenance"]["date_utc"], reverse=True)
-if not recorded_runs:
-    show_markdown("No recorded default-profile run includes the grouped-query classes yet.")
-else:
-    prefill_path, prefill_run = recorded_runs[0]  # the newest
-    config = prefill_run["config"]
-
-    def headline(name, mode):
-        """The run's row for `name` in `mode` at the headline shape, not compiled."""
-        return next(row for row in prefill_run["rows"] if row["implementation"] == name and row["mode"] == mode
-                    and (row["batch"], row["seq_len"], row["compiled"]) == (config["batch"], config["seq_len"], False))
-
-    rows = []
-    for name in NAMES:
-        forward, both = headline(name, "forward"), headline(name, "forward_backward")
-        assert forward["correct"] and both["correct"], name
-        rows.append((f"`{name}`", forward["num_kv_heads"] or forward["num_heads"],
-                     f"{forward['flops'] / 1e9:,.0f}", f"{forward['ms_median']:,.0f}",
-                     f"{forward['share_of_paired_matmul']:.0%}", f"{both['ms_median']:,.0f}",
-                     f"{both['share_of_paired_matmul']:.0%}", f"{both['peak_memory_bytes'] / 2**20:,.0f}"))
-    show_markdown(f"`docs/results/{prefill_path.name}`: {prefill_run['provenance']['device']['name']}, "
-                  f"{prefill_run['dtype']}, recorded {prefill_run['provenance']['date_utc'][:10]}"
-                  + (" (predates the current code)" if report.is_stale(prefill_run) else "") + ".")
-    show_table(f"B = {config['batch']}, T = {config['seq_len']}, d_model {config['d_model']}, "
-               f"{config['num_heads']} query heads; % of the matmul rate timed beside each row",
-               ["class", "K/V heads", "forward GFLOP", "forward ms", "% of matmul", "fwd + bwd ms", "% of matmul",
-                "fwd + bwd peak MiB"], rows)
-    mha_row, gqa_row, mqa_row = (headline(name, "forward") for name in ("sdpa_causal", "gqa", "mqa"))
-    show_markdown(
-        "Fewer K/V heads shrink the key and value projections, while the attention core, one per query head, stays "
-        "the same. " + prose.flops_and_time_sentence(
-            "sdpa_causal", {name: (row["flops"] / mha_row["flops"], row["ms_median"] / mha_row["ms_median"])
-                            for name, row in (("gqa", gqa_row), ("mqa", mqa_row))})
-        + " What GQA saves far more of is the cache, and the reading of it at every decoding step "
-        "([KV cache and decoding](../kv_cache/)).")
-
-# %% [markdown]
-# ## Which to use
-#
-# GQA is what current models train with: it keeps most of MHA's quality at a fraction of its cache
-# (the GQA paper's result), and MQA saves the most memory at some cost in quality. In this
-# package, `gqa` (SDPA) is the class to copy. For a custom mask or score, `gqa_flex` takes a
-# FlexAttention `mask_mod` or `score_mod`; what that costs on a CPU, from the recorded run above:
-
-# %% tags=["hide-input"]
-if recorded_runs:
-    def measured(name, mode):
-        row = headline(name, mode)
-        return row["ms_median"], row["peak_memory_bytes"] / 2**20
-
-    score_tensor_mib = config["batch"] * config["num_heads"] * config["seq_len"] ** 2 * 4 / 2**20
-    show_markdown(prose.custom_mask_sentence(
-        f"docs/results/{prefill_path.name}", report.is_stale(prefill_run),
-        {name: {mode: measured(name, mode) for mode in ("forward", "forward_backward")}
-         for name in ("gqa", "gqa_flex", "sdpa_mask", "flex")},
-        score_tensor_mib))
+show_markdown(grouped_query_section(path, default_run))
 
 # %% [markdown]
 # Decoding, the KV cache's pitfalls and the measured speed of a step:

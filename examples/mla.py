@@ -9,14 +9,9 @@
 #
 # Decoding can use that cache two ways: expand the cached latents back to every head's keys and
 # values, then attend (the **naive** path), or fold the up-projections into the query and the output
-# and attend over the latent itself (the **absorbed** path). This page builds one layer, follows the
-# shapes through both paths, checks them against each other, against the float64 reference and
-# against the full forward at every decoding step, then counts what each costs at the published sizes
-# of three models.
-#
-# It assumes the [KV cache and decoding](../kv_cache/) page (prefill, steps, chunks) and the
-# [Position encodings](../positional/) page (rotary embeddings). API reference:
-# [`attention.models.deepseek_v3`](../../api/mla/).
+# and attend over the latent itself (the **absorbed** path). This page builds one layer, follows both
+# paths, checks them, then counts and measures what each costs. It assumes the [KV cache](../kv_cache/)
+# and [Position encodings](../positional/) pages. API: [`attention.models.deepseek_v3`](../../api/mla/).
 
 # %%
 import torch
@@ -24,11 +19,11 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 
 from attention.decoding import KVCache, LatentCache
-from attention.display import show, show_markdown, show_shape, show_table
+from attention.display import show, show_markdown, show_shape, show_source, show_table
 from attention.models import MODELS
-from attention.models.deepseek_v3 import (PUBLISHED_CONFIGS, apply_rotary_interleaved, decode_step_bytes,
-                                          interleaved_cos_sin, kv_cache_bytes_per_token, latent_attention_flops,
-                                          latent_cache_bytes_per_token, layer_parameters)
+from attention.models.deepseek_v3 import (PUBLISHED_CONFIGS, DeepseekV3Attention, apply_rotary_interleaved,
+                                          decode_step_bytes, interleaved_cos_sin, kv_cache_bytes_per_token,
+                                          latent_attention_flops, latent_cache_bytes_per_token)
 from attention.reference import reference_latent_attention
 
 # %% [markdown]
@@ -77,8 +72,7 @@ with torch.no_grad():
 show_shape("x", x, "(B, T, C)")
 show_shape("c_q = q_a_layernorm(q_a_proj(x))", c_q, "(B, T, q_lora_rank)")
 show_shape("q = q_b_proj(c_q).view(...).transpose(1, 2)", q, "(B, H, T, Dn+Dr)")
-show_shape("q_nope", q_nope, "(B, H, T, Dn)")
-show_shape("q_rope", q_rope, "(B, H, T, Dr)")
+show_shape("q_nope, q_rope = q.split(...)", q_nope, "(B, H, T, Dn)")
 show_shape("latent = kv_a_layernorm(...)   [cached]", latent, "(B, 1, T, Dc)")
 show_shape("k_rope                        [cached]", k_rope, "(B, 1, T, Dr)")
 
@@ -95,7 +89,6 @@ with torch.no_grad():
     k_rope = apply_rotary_interleaved(k_rope, cos, sin)  # (B, 1, T, Dr)
 positions = torch.arange(T)
 causal_mask = positions[:, None] >= positions[None, :]  # (T, T), True = attend
-show_shape("cos, sin", cos, "(T, Dr/2)")
 show_shape("q_rope, rotated", q_rope, "(B, H, T, Dr)")
 show_shape("k_rope, rotated", k_rope, "(B, 1, T, Dr)")
 
@@ -116,7 +109,6 @@ with torch.no_grad():
     context_naive = F.scaled_dot_product_attention(q_full, k, v, attn_mask=causal_mask, scale=module.scaling)  # (B, H, T, Dv)
 show_shape("kv = kv_b_proj(latent).view(...).transpose", kv, "(B, H, S, Dn+Dv)")
 show_shape("k = cat([k_nope, k_rope.expand(...)])", k, "(B, H, S, Dn+Dr)")
-show_shape("v", v, "(B, H, S, Dv)")
 show_shape("q = cat([q_nope, q_rope])", q_full, "(B, H, T, Dn+Dr)")
 show_shape("context = SDPA(q, k, v)", context_naive, "(B, H, T, Dv)")
 
@@ -128,6 +120,10 @@ show_shape("context = SDPA(q, k, v)", context_naive, "(B, H, T, Dv)")
 # Its output `Σ_j p_j W^UV_h c_j` equals `W^UV_h (Σ_j p_j c_j)`: weight the latents, then up-project
 # once. Every head reads the same cache, so it is multi-query attention with keys `Dc + Dr` wide
 # and values `Dc` wide, and the heads fold into the rows of one matmul.
+#
+# ![Multi-head latent attention's two paths: the naive path expands every cached latent into each
+# head's keys and values; the absorbed path folds the key up-projection into the query and the value
+# up-projection after the weighted sum, and reads the latent cache as it lies](../../diagrams/mla-absorption.svg)
 
 # %%
 with torch.no_grad():
@@ -141,15 +137,20 @@ with torch.no_grad():
     context_latent = attn_weights.view(B, H * T, T) @ latent[:, 0]  # (B, H*T, S) @ (B, S, Dc) -> (B, H*T, Dc)
     context_absorbed = torch.einsum("bhtc,hvc->bhtv", context_latent.view(B, H, T, Dc), w_uv)  # (B, H, T, Dv)
 show_shape("w_uk, w_uv = kv_b_proj.weight.view(H, ...)", w_uk, "(H, Dn, Dc)")
-show_shape("", w_uv, "(H, Dv, Dc)")
 show_shape("q_latent = q_nope @ w_uk", q_latent, "(B, H, T, Dc)")
 show_shape("scores (heads folded into rows)", scores, "(B, H, T, S)")
 show_shape("context_latent = weights @ latent", context_latent, "(B, H*T, Dc)")
 show_shape("context = context_latent @ w_uvᵀ", context_absorbed, "(B, H, T, Dv)")
 
 # %% [markdown]
-# Both paths end in the same `(B, H, T, Dv)` context, then `o_proj`. The module's `forward` is these
-# lines; the checks:
+# Both paths end in the same `(B, H, T, Dv)` context, then `o_proj`. The module's absorbed path is
+# these lines, over what the cache returns (its `attend_naive` is the section before):
+
+# %% tags=["hide-input"]
+show_source(DeepseekV3Attention.attend_absorbed)
+
+# %% [markdown]
+# The checks, in float64 (largest |difference| over every element):
 
 # %%
 with torch.no_grad():
@@ -162,23 +163,16 @@ checks = {
     "module(x), absorbed path, against the float64 reference": (outputs["absorbed"] - expected).abs().max().item(),
     "module(x): absorbed against naive": (outputs["absorbed"] - outputs["naive"]).abs().max().item(),
 }
-for error in checks.values():
+for label, error in checks.items():
+    print(f"{label:57} {error:.1e}")
     assert error < 1e-12
-
-# %% tags=["hide-input"]
-show_table("Float64: largest |difference| over every element", ["compared", "max |difference|"],
-           [(label, f"{error:.1e}") for label, error in checks.items()])
 
 # %% [markdown]
 # The reference (`attention.reference.reference_latent_attention`) is written from the paper's
-# equations 9-19, with what the released models add (an RMS norm on the compressed query and on the
-# latent, YaRN's score scale), on top of the one float64 kernel every page uses. The tests
-# (`tests/test_mla.py`) also check the class against transformers' `DeepseekV3Attention` and
-# `DeepseekV2Attention`, fed the hidden states a tiny random model feeds each layer: they agree to
-# the float32 rounding transformers applies inside (its norms, rotary angles and eager softmax run in
-# float32 even in a float64 model); with those steps computed in float64, to float64 rounding.
-# DeepSeek-V2's layer differs only in its rotary code (always adjacent pairs, no `rope_interleave`
-# field), so one class serves both.
+# equations 9-19, with what the released models add (RMS norms on the compressed query and the
+# latent, YaRN's score scale). The tests (`tests/test_mla.py`) also check the class against
+# transformers' `DeepseekV3Attention` and `DeepseekV2Attention` (V2 differs only in always rotating
+# adjacent pairs, so one class serves both).
 
 # %% [markdown]
 # ## Decoding with the latent cache
@@ -194,49 +188,26 @@ with torch.no_grad():
 caches = {path: m.new_cache(batch_size=B, capacity=64) for path, m in modules.items()}
 show_shape("cache.latent (preallocated)", caches["absorbed"].latent, "(B, 1, capacity, Dc)")
 show_shape("cache.rope_keys", caches["absorbed"].rope_keys, "(B, 1, capacity, Dr)")
-calls = [("prefill", 0, 16)] + [("step", t, t + 1) for t in range(16, 20)] + [("chunk", 20, 27), ("step", 27, 28),
-                                                                              ("chunk", 28, 40)]
-rows = []
+calls = [("prefill", 0, 16), ("step", 16, 17), ("step", 17, 18), ("chunk", 18, 27), ("step", 27, 28), ("chunk", 28, 40)]
 with torch.no_grad():
     for kind, start, end in calls:
         out = {path: m(sequence[:, start:end], cache=caches[path]) for path, m in modules.items()}
-        errors = [(out["absorbed"] - full[:, start:end]).abs().max().item(),
-                  (out["naive"] - full[:, start:end]).abs().max().item(),
-                  (out["absorbed"] - out["naive"]).abs().max().item()]
-        assert max(errors) < 1e-12
-        rows.append((kind, f"{start}..{end - 1}", caches["absorbed"].length, *(f"{e:.1e}" for e in errors)))
-
-# %% tags=["hide-input"]
-show_table("Every call against the full forward (float64, max |difference|)",
-           ["call", "positions", "cache.length after", "absorbed vs full", "naive vs full", "absorbed vs naive"], rows)
-
-# %% [markdown]
-# `cache.nbytes` is `batch x positions x (kv_lora_rank + qk_rope_head_dim) x element size`:
-
-# %%
-cache = caches["absorbed"]
+        errors = {path: (out[path] - full[:, start:end]).abs().max().item() for path in out}
+        assert max(errors.values()) < 1e-12
+        print(f"{kind:7} positions {start:2}..{end - 1:2}: cache.length {caches['absorbed'].length:2}, max |difference| "
+              f"from the full forward: absorbed {errors['absorbed']:.0e}, naive {errors['naive']:.0e}")
+cache = caches["absorbed"]  # cache.nbytes: batch x positions x (kv_lora_rank + qk_rope_head_dim) x element size
 per_position = Dc + Dr
 assert cache.nbytes == B * cache.capacity * per_position * 8  # float64: 8 bytes
-
-# %% tags=["hide-input"]
-show_markdown(f"Here {B} x {cache.capacity} x ({Dc} + {Dr}) x 8 = {cache.nbytes:,} bytes; a KV cache of this "
-              f"layer's keys and values ({H} heads of {Dn + Dr} + {Dv}) would hold {H * (Dn + Dr + Dv) / per_position:.1f} "
-              f"times as much.")
+print(f"{B} x {cache.capacity} x ({Dc} + {Dr}) x 8 = {cache.nbytes:,} bytes; a KV cache of this layer's keys and values "
+      f"({H} heads of {Dn + Dr} + {Dv}) would hold {H * (Dn + Dr + Dv) / per_position:.1f} times as much")
 
 # %% [markdown]
 # ## The cache at the published sizes
 #
-# The three models' attention fields, typed from their `config.json` on huggingface.co
-# (`attention.models.deepseek_v3.PUBLISHED_CONFIGS`):
-
-# %% tags=["hide-input"]
-fields = ("hidden_size", "num_hidden_layers", "num_attention_heads", "q_lora_rank", "kv_lora_rank",
-          "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-show_table("Published configurations (attention fields)", ["model"] + [f.replace("_", " ") for f in fields],
-           [(f"[{name}]({c['source']})", *(c[f] for f in fields)) for name, c in PUBLISHED_CONFIGS.items()])
-
-# %% [markdown]
-# What would the same heads cache without the latent? The paper's Table 1 compares MLA with
+# The three models' attention fields are typed from their `config.json` on huggingface.co
+# (`attention.models.deepseek_v3.PUBLISHED_CONFIGS`, each linked below). What would the same heads
+# cache without the latent? The paper's Table 1 compares MLA with
 # multi-head, grouped-query and multi-query attention of the same query heads, keys and values of
 # the per-head width `d_h` (here `v_head_dim`): `2 n_h d_h` numbers per token and layer for MHA,
 # `2 n_g d_h` for GQA with `n_g` groups (8 here), `2 d_h` for MQA, against `Dc + Dr` for MLA. Bytes in
@@ -263,7 +234,7 @@ for name, c in PUBLISHED_CONFIGS.items():
         allocated[kind] = KVCache(2, kv_heads, c["v_head_dim"], 3, dtype=dtype).nbytes
     per_token[name] = {kind: bytes_per_token(c, kind) for kind in kinds}
     assert all(allocated[kind] == 2 * 3 * per_token[name][kind] for kind in kinds)
-    cache_rows.append((name, *(f"{per_token[name][kind]:,}" for kind in kinds),
+    cache_rows.append((f"[{name}]({c['source']})", *(f"{per_token[name][kind]:,}" for kind in kinds),
                        f"{per_token[name]['MHA'] / per_token[name]['MLA']:.1f}x",
                        f"{per_token[name]['MLA'] * c['num_hidden_layers'] / 1024:,.1f} KiB",
                        f"{per_token[name]['MHA'] * c['num_hidden_layers'] / 1024:,.1f} KiB"))
@@ -286,41 +257,14 @@ show_markdown(
     f"{v3_heads * (v3_key + v3_value) * element_size / v3['MLA']:.1f} times the latent's.")
 
 # %% [markdown]
-# One sequence's cache over all layers, against its length:
-
-# %% tags=["hide-input"]
-contexts = [2**k for k in range(10, 18)]  # 1k .. 128k positions
-fig = Figure(figsize=(11, 3.6), layout="constrained")
-axes = fig.subplots(1, len(PUBLISHED_CONFIGS), sharey=True)
-styles = {"MHA": ("tab:blue", "-"), "GQA (8 groups)": ("tab:orange", "-"), "MQA": ("tab:green", "-"),
-          "MLA": ("black", "--")}
-for ax, (name, c) in zip(axes, PUBLISHED_CONFIGS.items()):
-    for kind in kinds:
-        gib = [per_token[name][kind] * c["num_hidden_layers"] * n / 2**30 for n in contexts]
-        color, line = styles[kind]
-        ax.plot(contexts, gib, line, color=color, marker="o", markersize=3, label=kind)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(contexts, [f"{n // 1024}k" for n in contexts])
-    ax.set_yscale("log")
-    ax.set_title(f"{name}: {c['num_hidden_layers']} layers, {c['num_attention_heads']} heads")
-    ax.set_xlabel("context (tokens)")
-    ax.grid(True, which="major", alpha=0.3)
-axes[0].set_ylabel("cache per sequence (GiB, bfloat16)")
-axes[0].legend(loc="upper left", fontsize=8)
-fig.suptitle("KV cache of one sequence, all layers: MLA against MHA, GQA and MQA of the same heads")
-show(fig)
-
-# %% [markdown]
 # ## What a decoded token costs on each path
 #
-# Per layer and sequence, one new token over `S` positions (`latent_attention_flops`, which the tests
-# check against PyTorch's FLOP counter run over the module's own calls). Both paths project the same
-# query and output. Beyond that, the naive path multiplies `kv_b_proj` into all `S` latents,
-# `2 S Dc H (Dn + Dv)` FLOPs, then attends with keys of `Dn + Dr` and values of `Dv`; the absorbed path
-# folds `W^UK` into the query and `W^UV` into the output once, `2 H Dc (Dn + Dv)`, then attends over
-# the latent, `2 S H (2 Dc + Dr)`. The bytes a step moves (`decode_step_bytes`, bfloat16, batch 1):
-# both read the weights and the cache; the naive path also writes its expanded keys and values and
-# reads them back.
+# Per layer and sequence, one new token over `S` positions (`latent_attention_flops`, checked in the
+# tests against PyTorch's FLOP counter). Beyond the shared projections, the naive path multiplies
+# `kv_b_proj` into all `S` latents, `2 S Dc H (Dn + Dv)` FLOPs; the absorbed path folds `W^UK` and
+# `W^UV` in once, `2 H Dc (Dn + Dv)`, then attends over the latent, `2 S H (2 Dc + Dr)`. Bytes moved
+# (`decode_step_bytes`, bfloat16, batch 1): the weights and the cache, and for the naive path its
+# expanded keys and values, written and read back.
 
 # %%
 flop_rows, decode_costs = [], {}
@@ -335,9 +279,10 @@ for name, c in PUBLISHED_CONFIGS.items():
                           f"{flops['naive'] / moved['naive']:.1f}"))
 
 # %% tags=["hide-input"]
-show_table("One decoded token, one layer, one sequence (bfloat16 bytes)",
-           ["model", "context S", "absorbed GFLOP", "naive GFLOP", "naive / absorbed", "absorbed MB moved",
-            "naive MB moved", "absorbed FLOP/byte", "naive FLOP/byte"], flop_rows)
+show_table("One decoded token, one layer of DeepSeek-V3, one sequence (bfloat16 bytes)",
+           ["context S", "absorbed GFLOP", "naive GFLOP", "naive / absorbed", "absorbed MB moved",
+            "naive MB moved", "absorbed FLOP/byte", "naive FLOP/byte"],
+           [row[1:] for row in flop_rows if row[0] == "DeepSeek-V3"])
 flops_16k, moved_16k = decode_costs["DeepSeek-V3", 16384]
 show_markdown(
     f"At 16,384 positions one DeepSeek-V3 layer's naive step computes {flops_16k['naive'] / flops_16k['absorbed']:.0f} "
@@ -348,14 +293,15 @@ show_markdown(
 # %% [markdown]
 # ## When to use which path
 #
-# Per pair of query and key, the absorbed path's scores and weighted sum run over `2 Dc + Dr` features
-# where the naive path's run over `Dn + Dr + Dv`; the naive path pays instead for expanding each
-# position's latent once per call. So the more new tokens a call brings, the better expanding pays:
-# below, for a call of `T` new tokens ending at `S` positions, the FLOPs of the naive path over those
-# of the absorbed one, at DeepSeek-V3's sizes (below 1: naive needs fewer).
+# Per query-key pair the absorbed path works over `2 Dc + Dr` features, the naive path over
+# `Dn + Dr + Dv`, but pays for expanding each latent once per call: the more new tokens a call brings,
+# the better expanding pays. The naive path's FLOPs over the absorbed path's, for `T` new tokens ending
+# at `S` positions, DeepSeek-V3 (below 1: naive needs fewer):
+
+# %%
+v3_config = PUBLISHED_CONFIGS["DeepSeek-V3"]
 
 # %% tags=["hide-input"]
-v3_config = PUBLISHED_CONFIGS["DeepSeek-V3"]
 fig = Figure(figsize=(6.5, 3.8), layout="constrained")
 ax = fig.add_subplot()
 for S in (1024, 4096, 16384, 32768):
@@ -380,8 +326,8 @@ def smallest_chunk_where_naive_is_cheaper(c, S):
     low, high = 1, S
     if latent_attention_flops(c, S, S, "naive") >= latent_attention_flops(c, S, S, "absorbed"):
         return None
-    def naive_cheaper(new_tokens):
-        return latent_attention_flops(c, new_tokens, S, "naive") < latent_attention_flops(c, new_tokens, S, "absorbed")
+    def naive_cheaper(tokens):
+        return latent_attention_flops(c, tokens, S, "naive") < latent_attention_flops(c, tokens, S, "absorbed")
 
     while low < high:  # naive minus absorbed falls as T grows: the expansion is shared by more tokens
         middle = (low + high) // 2
@@ -398,7 +344,7 @@ same_for_all = len({tuple(crossover[name, S] for S in (1024, 4096, 16384, 32768)
 show_table("Fewest new tokens in one call for which the naive path needs fewer FLOPs",
            ["model", *(f"S = {S:,}" for S in (1024, 4096, 16384, 32768))],
            [(name, *(crossover[name, S] if crossover[name, S] else "never" for S in (1024, 4096, 16384, 32768)))
-            for name in PUBLISHED_CONFIGS])
+            for name in (["DeepSeek-V3"] if same_for_all else PUBLISHED_CONFIGS)])
 decode_winner = {name: all(decode_costs[name, S][0]["absorbed"] < decode_costs[name, S][0]["naive"]
                            and decode_costs[name, S][1]["absorbed"] < decode_costs[name, S][1]["naive"]
                            for S in (1024, 4096, 16384, 32768)) for name in PUBLISHED_CONFIGS}
@@ -406,12 +352,12 @@ expanded_32k = 32768 * v3_config["num_attention_heads"] * (v3_config["qk_nope_he
                                                             + v3_config["v_head_dim"]) * element_size
 show_markdown(
     "From these counts: **decoding** (one new token per call) "
-    + ("needs fewer FLOPs and moves fewer bytes on the absorbed path for all three models at every context in the table"
+    + ("needs fewer FLOPs and moves fewer bytes on the absorbed path for all three models at 1,024 to 32,768 positions"
        if all(decode_winner.values()) else "does not favour the absorbed path everywhere; see the table above")
     + f". A **prefill** or long chunk favours the naive path once a call brings at least the tokens in the table "
     f"(for DeepSeek-V3 at 32,768 positions, {crossover['DeepSeek-V3', 32768]} new tokens)"
     + ("; the threshold is the same for the three models, whose latent, rotary and head widths are the same "
-       "(the head count cancels out)" if same_for_all else "")
+       "(the head count cancels out), so the table shows one" if same_for_all else "")
     + ". The naive path also "
     f"holds each sequence's expanded keys and values while it attends: {expanded_32k / 2**30:.1f} GiB per DeepSeek-V3 "
     f"layer at 32,768 positions in bfloat16, against {32768 * per_token['DeepSeek-V3']['MLA'] / 2**20:.0f} MiB of "
@@ -420,95 +366,35 @@ show_markdown(
 # %% [markdown]
 # ## Measured: decode steps
 #
-# The benchmark's decode sweep (`attention/bench/sweeps/decode.py`) steps one MLA layer on both paths
-# (`MLA` with the kernels `absorbed` and `naive`) beside MHA, GQA and MQA layers of the same query
-# heads, each step checked against `reference_latent_attention` over the cached latents and rotary
-# keys. The MLA layer is DeepSeek-V3's at the sweep's head count and head size: its latent, rotary key
-# and compressed query keep DeepSeek-V3's widths in units of its head size (4, 1/2 and 12 heads of
-# 128). Where the naive step's expanded keys and values would not fit the run's memory budget, the row
-# says "skipped". The runs recorded in `docs/results/decode/`:
+# The benchmark's decode profile steps one MLA layer on both paths beside GQA and MQA layers of the
+# same query heads, each step checked against `reference_latent_attention`. The layer keeps
+# DeepSeek-V3's widths in units of the profile's head size (latent 4 heads of 128, rotary key 1/2).
+# The recorded run, read by `attention.report.decode`:
+
+# %%
+from attention.report.decode import latent_section
+from attention.report.long import recorded
+
+decode_path, decode_run = recorded("decode")  # float32
 
 # %% tags=["hide-input"]
-from attention import report
-
-decode_runs = [(path, report.load_result(path)) for path in report.find_results(report.RESULTS_DIR / "decode")]
-mla_runs = [(path, result) for path, result in decode_runs if report.decode_rows(result, model="MLA")]
-if not mla_runs:
-    held = "; ".join(f"`{path.name}` holds rows of {', '.join(sorted({r['model'] for r in result['decode']['rows']}))}"
-                     for path, result in decode_runs) or "no decode results file is recorded"
-    show_markdown(f"**Not recorded yet.** No recorded decode run has MLA rows ({held}), so this page quotes no "
-                  "timing: speed is measured, not asserted. The decode profile records them: "
-                  "`python -m attention.bench --profile decode --out docs/results/decode/<device>-decode.json`.")
-for path, result in mla_runs:
-    section = result["decode"]
-    show_markdown(f"`docs/results/decode/{path.name}`: {report.run_line(result)} One attention layer, "
-                  f"{section['num_heads']} query heads of {section['head_dim']}; each cell: tokens per second and the "
-                  f"share of {report.share_words(result)}.")
-    for batch in sorted({row["batch"] for row in section["rows"]}):
-        show_markdown(f"**Batch {batch}**\n\n" + report.decode_table(result, batch, models=["MHA", "GQA", "MQA", "MLA"]))
-    show(report.plot_decode(result, "tokens_per_s", models=["GQA", "MQA", "MLA"]))
-    lines = []
-    for batch in (1, 8):
-        absorbed = report.decode_rows(result, batch=batch, model="MLA", kernel="absorbed", context=16384)
-        gqa = report.decode_best(result, "GQA", batch, 16384)
-        if absorbed and gqa:
-            heads = f"{gqa['num_kv_heads']} K/V head" + ("s" if gqa["num_kv_heads"] > 1 else "")
-            lines.append(f"- Batch {batch}, 16,384 positions: the absorbed path runs {absorbed[0]['tokens_per_s']:,.0f} "
-                         f"tokens/s, reading {absorbed[0]['cache_bytes_per_token']:,} bytes of cache per position; GQA "
-                         f"({heads}) {gqa['tokens_per_s']:,.0f} tokens/s with `{gqa['kernel']}`, "
-                         f"reading {gqa['cache_bytes_per_token']:,}: the absorbed path at "
-                         f"{absorbed[0]['tokens_per_s'] / gqa['tokens_per_s']:.2f}x GQA's rate.")
-    pairs = [(absorbed, naive) for absorbed in report.decode_rows(result, model="MLA", kernel="absorbed")
-             for naive in report.decode_rows(result, batch=absorbed["batch"], model="MLA", kernel="naive",
-                                             context=absorbed["context"])]
-    faster = [f"batch {a['batch']} at {a['context']:,}" for a, n in pairs if n["tokens_per_s"] > a["tokens_per_s"]]
-    if pairs:
-        slowdowns = [a["tokens_per_s"] / n["tokens_per_s"] for a, n in pairs]
-        lines.append("- The naive path is faster than the absorbed one " + (
-            f"at {', '.join(faster)}." if faster else
-            f"in none of the {len(pairs)} pairs of batch size and context where both were measured: the absorbed path runs "
-            f"{min(slowdowns):.1f}x to {max(slowdowns):.1f}x its tokens per second."))
-    skipped = [row for row in section["rows"] if row["model"] == "MLA" and row["status"] == "skipped"]
-    if skipped:
-        where = [f"{row['kernel']} batch {row['batch']} at {row['context']:,}" for row in skipped]
-        lines.append(f"- Skipped: {', '.join(where)} ({skipped[0]['reason']}).")
-    show_markdown("\n".join(lines))
+show_markdown(latent_section(decode_path, decode_run))
 
 # %% [markdown]
 # ## Measured: prefill
 #
-# The benchmark's prefill sweep (`attention/bench/sweeps/prefill.py`, `--profile prefill`) runs the same
-# MLA layer on whole prompts, no cache, on both paths with the same weights: one causal forward of `T`
-# tokens, checked against `reference_latent_attention`, its matmul FLOPs counted by
-# `latent_attention_flops` and set beside a matmul timed in the same blocks. Here the FLOP counts above
-# favour the naive path at every length; the rows say what the time does. The runs recorded in
-# `docs/results/prefill/`:
+# The prefill profile runs the same layer on whole prompts, no cache, on both paths: one checked
+# causal forward of `T` tokens. The FLOP counts above favour the naive path at every length
+# (asserted below); the rows say what the time does. The recorded run, read by
+# `attention.report.prefill`:
 
-# %% tags=["hide-input"]
-from attention.report import prefill
+# %%
+from attention.report.prefill import latent_section as prefill_section
 
 # "favour the naive path at every length": a whole prompt of T tokens (T new tokens over T positions), DeepSeek-V3.
 assert all(latent_attention_flops(v3_config, 2**p, 2**p, "naive") < latent_attention_flops(v3_config, 2**p, 2**p, "absorbed")
            for p in range(18))
+prefill_path, prefill_run = recorded("prefill")
 
-prefill_runs = [(path, report.load_result(path)) for path in report.find_results(report.RESULTS_DIR / "prefill")]
-if not prefill_runs:
-    show_markdown("**Not recorded yet.** No prefill run is recorded in `docs/results/prefill/`, so this page quotes "
-                  "no prefill timing: speed is measured, not asserted. The prefill profile records one: "
-                  "`python -m attention.bench --profile prefill --out docs/results/prefill/<device>-prefill.json`.")
-for path, result in prefill_runs:
-    section = result["prefill"]
-    show_markdown(f"`docs/results/prefill/{path.name}`: {report.run_line(result)} One layer, batch {section['batch']}, "
-                  f"{section['num_heads']} query heads of {section['head_dim']}; each cell: median time, TFLOP/s and the "
-                  "share of the matmul timed beside the row.\n\n" + prefill.prefill_table(result))
-    show(prefill.plot_prefill(result))
-    found, both = prefill.naive_faster_from(result)
-    here = report.device_label(result["provenance"]["device"])  # decode runs of the same kind of device only
-    decode_pairs = [(a, n) for _, decoded in mla_runs if report.device_label(decoded["provenance"]["device"]) == here
-                    for a in report.decode_rows(decoded, model="MLA", kernel="absorbed")
-                    for n in report.decode_rows(decoded, batch=a["batch"], model="MLA", kernel="naive", context=a["context"])]
-    decode_absorbed_wins = bool(decode_pairs) and all(a["tokens_per_s"] > n["tokens_per_s"] for a, n in decode_pairs)
-    show_markdown(prefill.summary(result) + (
-        f" So on {here}: **absorbed for decoding** (every decode step recorded on it above), **naive for a prefill** "
-        + ("at every prompt length measured" if found == both[0] else f"from {found:,} tokens on") + "."
-        if found is not None and decode_absorbed_wins else ""))
+# %% tags=["hide-input"]
+show_markdown(prefill_section(prefill_path, prefill_run, decode_run))

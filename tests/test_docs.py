@@ -160,7 +160,7 @@ def test_inline_calls_in_markdown_run_as_written(page, monkeypatch):
 
 # Pages still above the rules below (issue 45, item 4), to be emptied as they are reworked: the quick run, explained,
 # and the decode pages.
-NOT_YET_TO_THE_PAGE_RULES = {"benchmark.py", "gqa.py", "kv_cache.py", "mla.py", "models.py"}
+NOT_YET_TO_THE_PAGE_RULES = set()
 # What a page never imports: the benchmark's measuring internals and the ring's command line (issue 45, item 4).
 MEASURING_INTERNALS = ("attention.bench.core", "attention.bench.metrics", "attention.bench.sweeps",
                        "attention.distributed.__main__")

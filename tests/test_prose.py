@@ -81,47 +81,6 @@ def test_bf16_classes_sentence_counts_each_kind_of_kernel():
     assert "the 3 classes that write out the scores at 0.50× to 0.80×" in sentence
 
 
-# --- KV cache page (examples/kv_cache.py) -----------------------------------------------------------------
-
-
-def test_projection_sentences_follow_the_thread_counts():
-    # The numbers the second reader found on a build host: F.linear 2.12 ms on 2 threads, 4.17 ms on 1,
-    # row_split_linear 4.17 ms.
-    spread = prose.linear_threads_sentence(2.12, 4.17, 2)
-    assert "2.0x faster on all threads" in spread and "about the same" not in spread
-    # A BLAS that keeps a one-row product on one core (the case row_split_linear was written for).
-    one_core = prose.linear_threads_sentence(4.10, 4.17, 2)
-    assert "about the same time" in one_core and "one core" in one_core
-    assert "2.0x as long" in prose.row_split_sentence(4.17, 2.12, 2)
-    assert "faster" in prose.row_split_sentence(1.1, 4.1, 2)
-    assert "one thread" in prose.linear_threads_sentence(4.1, 4.1, 1)
-
-
-def test_same_numbers_sentence_calls_close_times_the_same():
-    assert "about the same time" in prose.same_numbers_sentence("reshape", 3.91, "transpose", 3.97)
-    differ = prose.same_numbers_sentence("reshape", 107.9, "transpose", 51.4)
-    assert "reshape takes 2.1x as long" in differ
-
-
-def test_bandwidth_note_only_for_shares_above_one():
-    note = prose.bandwidth_share_note([0.5, 1.07, 1.21])
-    assert "107%" in note and "121%" in note and "50%" not in note
-    assert prose.bandwidth_share_note([0.4, 0.99]) == ""
-
-
-def test_decode_sentences_follow_the_kernels():
-    kernels = ["SDPA, enable_gqa", "grouped matmuls"]
-    epyc = {("MHA", kernels[0]): 12.0, ("MHA", kernels[1]): 11.0, ("GQA", kernels[0]): 8.0,
-            ("GQA", kernels[1]): 2.0, ("MQA", kernels[0]): 4.0, ("MQA", kernels[1]): 1.5}
-    loaded = {**epyc, ("MQA", kernels[1]): 13.0}
-    assert "GQA: “grouped matmuls” (4.0x faster than “SDPA, enable_gqa”)" in prose.decode_kernels_sentence(epyc, kernels)
-    assert "rises 1.2x (MQA)" in prose.cache_shrink_sentence(loaded, kernels)
-    assert "falls 7.3x (MQA)" in prose.cache_shrink_sentence(epyc, kernels)
-    assert "arithmetic is the nearer limit" in prose.decode_limit_sentence("MQA", "x", 0.40, 0.80)
-    assert "reading is the nearer limit" in prose.decode_limit_sentence("GQA", "x", 0.70, 0.30)
-    assert "far below both limits" in prose.decode_limit_sentence("GQA", "x", 0.08, 0.06)
-
-
 # --- Tiled page (examples/tiled.py) ---------------------------------------------------------------------
 
 

@@ -138,3 +138,77 @@ def test_the_ring_page_section_names_its_run_and_says_when_a_call_was_wrong():
     assert re.search(r"\| incorrect \|", text) or "/ incorrect" in text
     benchmarks = ring.page(result, {"ring": "![chart](ring.png)"})  # the Benchmarks page: no path, no verdict line
     assert benchmarks.startswith("Context-parallel (ring) attention on") and "![chart](ring.png)" in benchmarks
+
+
+# --- The decode teaching pages: KV cache, current models, MLA, grouped-query (attention.report.decode, .prefill) ----
+
+
+@pytest.fixture(scope="module")
+def decode_run():
+    return long.recorded("decode")
+
+
+def test_the_kv_cache_section_shows_six_rows_and_its_ratios_from_them(decode_run):
+    from attention.report.decode import GRID, cache_section, decode_best
+
+    path, result = decode_run
+    text = cache_section(path, result)
+    rows = table_rows(text)
+    assert [row[:2] for row in rows] == [[f"{m} ({k})", f"`{kernel}`"] for m, k in (("MHA", 32), ("GQA", 4), ("MQA", 1))
+                                         for kernel in ("sdpa", "matmul")]
+    assert all(len(row) == 5 for row in rows) and text.endswith(GRID) and path in text
+    mha, gqa = (decode_best(result, model, 1, 16384) for model in ("MHA", "GQA"))
+    assert (f"GQA reads {mha['cache_bytes_per_token'] // gqa['cache_bytes_per_token']}x less cache per token than MHA "
+            f"and runs {gqa['tokens_per_s'] / mha['tokens_per_s']:.1f}x as many tokens/s (`{gqa['kernel']}`)") in text
+
+
+def test_the_models_section_shows_a_row_per_layer_and_compares_local_with_global(decode_run):
+    from attention.report.decode import decode_best, layers_section
+
+    path, result = decode_run
+    layers = ["Llama-3", "Gemma-2-local", "Gemma-2-global", "gpt-oss-local", "gpt-oss-global"]
+    text = layers_section(path, result, layers)
+    assert len(table_rows(text)) == len(layers) <= 8
+    local, full = (decode_best(result, name, 1, 16384) for name in ("Gemma-2-local", "Gemma-2-global"))
+    assert (f"Gemma-2-local reads {local['cache_bytes_read'] / 2**20:,.1f} MiB of cache per step where Gemma-2-global "
+            f"reads {full['cache_bytes_read'] / 2**20:,.1f} MiB") in text
+    swapped = copy.deepcopy(result)  # a run where the local layer is faster at the shortest context: no such sentence
+    for row in swapped["decode"]["rows"]:
+        if row["model"] == "Gemma-2-local" and row["status"] == "ok":
+            row["tokens_per_s"] *= 100
+    assert "below its window" not in layers_section(path, swapped, layers)
+
+
+def test_the_mla_sections_say_which_path_is_faster_from_the_rows(decode_run):
+    from attention.report import decode, prefill
+
+    path, result = decode_run
+    text = decode.latent_section(path, result)
+    assert [row[0].split(" ")[0] for row in table_rows(text)] == ["GQA", "GQA", "MQA", "MQA", "MLA", "MLA"]
+    pairs = decode.mla_pairs(result)
+    assert pairs and all(a["batch"] == n["batch"] and a["context"] == n["context"] for a, n in pairs)
+    if all(a["tokens_per_s"] > n["tokens_per_s"] for a, n in pairs):
+        assert f"in none of the {len(pairs)} pairs" in text
+    prefill_path, prefill_run = long.recorded("prefill")
+    section = prefill.latent_section(prefill_path, prefill_run, result)
+    assert len(table_rows(section)) == len(prefill.by_length(prefill_run)) <= 8
+    found, _ = prefill.naive_faster_from(prefill_run)
+    assert ("**absorbed for decoding**" in section) == (found is not None and
+                                                        all(a["tokens_per_s"] > n["tokens_per_s"] for a, n in pairs))
+    slower = copy.deepcopy(result)  # naive faster somewhere while decoding: no verdict
+    for row in slower["decode"]["rows"]:
+        if row["model"] == "MLA" and row["kernel"] == "naive" and row["status"] == "ok":
+            row["tokens_per_s"] *= 1000
+    assert "**absorbed for decoding**" not in prefill.latent_section(prefill_path, prefill_run, slower)
+    assert "The naive path is faster than the absorbed one at batch" in decode.latent_section(path, slower)
+
+
+def test_the_grouped_query_section_shows_its_six_classes_at_the_headline_shape(default_run):
+    from attention.report.prefill import GROUPED_QUERY_CLASSES, grouped_query_section
+
+    path, result = default_run
+    text = grouped_query_section(path, result)
+    rows = table_rows(text)
+    assert [row[0] for row in rows] == [f"`{name}`" for name in GROUPED_QUERY_CLASSES]
+    assert [row[1] for row in rows][:4] == ["12", "12", "3", "1"] and path in text
+    assert "forward FLOPs" in text and "gqa_flex" in text

@@ -21,8 +21,7 @@ from attention.report.block_sparse import (block_sparse_rows, block_sparse_table
 from attention.report.compare import (bf16_pieces_section, bf16_recorded_section, dtype_comparison,  # noqa: F401
                                       dtype_comparison_table, dtype_pairs, dtype_verdict, share_stability,
                                       share_stability_section, share_stability_table)
-from attention.report.decode import (bandwidth_note, decode_best, decode_rows, decode_summary_table,  # noqa: F401
-                                     decode_table, plot_decode, share_words, shown_share)
+from attention.report.decode import decode_best, decode_rows, decode_summary_table, decode_table, plot_decode  # noqa: F401
 from attention.report.format import (MODE_TITLES, collapsed, device_label, devices_line, number,  # noqa: F401
                                      provenance_summary, run_line, table)
 from attention.report.sequence import (fastest, fastest_cell, fastest_table, leaders, markdown_tables,  # noqa: F401

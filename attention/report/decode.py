@@ -6,6 +6,10 @@ import statistics
 
 from attention.bench.sweeps.decode import NAME
 from attention.report.format import collapsed, number, table, title_suffix
+from attention.report.long import run_line
+
+GROUPED = ("MHA", "GQA", "MQA")  # the KV cache page's layers; the others are on the current models and MLA pages
+GRID = "Every model, kernel, batch and context, in both dtypes: [Benchmarks](../../benchmarks/#decoding)."
 
 
 def decode_rows(result, batch=None, model=None, kernel=None, context=None):
@@ -15,9 +19,9 @@ def decode_rows(result, batch=None, model=None, kernel=None, context=None):
             and all(value is None or row[key] == value for key, value in wanted.items())]
 
 
-def decode_best(result, model, batch, context):
-    """The fastest correct row of `model` at `batch` and `context` (any kernel), or None."""
-    return min(decode_rows(result, batch, model, None, context), key=lambda row: row["ms_median"], default=None)
+def decode_best(result, model, batch, context, kernel=None):
+    """The fastest correct row of `model` at `batch` and `context` (through `kernel`, default any), or None."""
+    return min(decode_rows(result, batch, model, kernel, context), key=lambda row: row["ms_median"], default=None)
 
 
 def shown_share(result):
@@ -37,10 +41,12 @@ def axes(result, models=None):
             sorted({r["batch"] for r in rows}), sorted({r["context"] for r in rows}))
 
 
-def decode_table(result, batch, models=None):
+def decode_table(result, batch, models=None, contexts=None):
     """Tokens per second and bandwidth share (`shown_share`), as "78 · 27%", per model and kernel (rows) and context
-    (columns), at one batch size, of `models` (default all); skipped or failed rows say so, wrong ones WRONG."""
-    models, kernels, _, contexts = axes(result, models)
+    (columns), at one batch size, of `models` and `contexts` (default all); skipped or failed rows say so, wrong ones
+    WRONG."""
+    models, kernels, _, measured = axes(result, models)
+    contexts = [c for c in measured if contexts is None or c in contexts]
     share = shown_share(result)
     cells = {(r["model"], r["kernel"], r["context"]): r for r in result[NAME]["rows"] if r["batch"] == batch}
 
@@ -162,3 +168,82 @@ def page(result, images):
         decode_summary_table(result, contexts=axes(result)[3][-2:]), images.pop("tokens", ""), bandwidth_note(result),
         collapsed("Every kernel and context, and the share of the bandwidth against context", "\n\n".join(
             [f"**Batch {batch}**\n\n{decode_table(result, batch)}" for batch in axes(result)[2]] + list(images.values())))])
+
+
+# --- The teaching pages' sections: the few rows their text discusses, in words, and a link to the whole grid ---------
+
+
+def mla_pairs(result):
+    """MLA's (absorbed, naive) rows measured at the same batch size and context."""
+    return [(a, n) for a in decode_rows(result, model="MLA", kernel="absorbed")
+            for n in decode_rows(result, a["batch"], "MLA", "naive", a["context"])]
+
+
+def heading(path, result, contexts):
+    section = result[NAME]
+    return (f"From the recorded run {run_line(path, result)}: one attention layer of {section['num_heads']} query heads "
+            f"of {section['head_dim']}, batch 1, at {', '.join(f'{c:,}' for c in contexts)} cached positions; each cell: "
+            f"tokens per second · share of {share_words(result)}.")
+
+
+def cache_section(path, result, contexts=(4096, 16384, 32768), context=16384):
+    """The KV cache page's recorded run: MHA, GQA and MQA through both kernels at batch 1 (6 rows), then what the rows
+    say at `context`: what the smaller caches buy (fastest kernels), and batch 8 against batch 1."""
+    best = {model: decode_best(result, model, 1, context) for model in GROUPED}
+    mha, gqa, mqa = best.values()
+    lines = [f"- At {context:,} positions GQA reads {mha['cache_bytes_per_token'] // gqa['cache_bytes_per_token']}x less "
+             f"cache per token than MHA and runs {gqa['tokens_per_s'] / mha['tokens_per_s']:.1f}x as many tokens/s "
+             f"(`{gqa['kernel']}`); MQA {mha['cache_bytes_per_token'] // mqa['cache_bytes_per_token']}x less and "
+             f"{mqa['tokens_per_s'] / mha['tokens_per_s']:.1f}x: the query and output projections' weights, read at "
+             "every step too, do not shrink."]
+    batch8 = {model: decode_best(result, model, 8, context) for model in GROUPED}
+    lines.append("- Batch 8 against batch 1, in tokens/s over all sequences: " + ", ".join(
+        f"{model} {row['tokens_per_s'] / best[model]['tokens_per_s']:.1f}x" for model, row in batch8.items() if row)
+        + ": the weights are read once for 8 tokens, but each sequence's cache is its own.")
+    return "\n\n".join([heading(path, result, contexts), decode_table(result, 1, GROUPED, contexts), "\n".join(lines), GRID])
+
+
+def layers_section(path, result, layers, context=16384):
+    """The current models page's recorded run: the fastest kernel of each of `layers` at batch 1, at the shortest
+    context and at `context` (a row per layer), then in words each local layer's cache and speed against its global
+    twin's at `context`, and at the shortest context, where a local layer's ring holds more positions than its twin's."""
+    shortest = axes(result, layers)[3][0]
+    lines = []
+    for local_name, global_name in (("Gemma-2-local", "Gemma-2-global"), ("gpt-oss-local", "gpt-oss-global")):
+        local, full = (decode_best(result, name, 1, context) for name in (local_name, global_name))
+        if local and full:
+            lines.append(f"- At {context:,} positions {local_name} reads {local['cache_bytes_read'] / 2**20:,.1f} MiB of "
+                         f"cache per step where {global_name} reads {full['cache_bytes_read'] / 2**20:,.1f} MiB, and runs "
+                         f"{local['tokens_per_s'] / full['tokens_per_s']:.1f}x its tokens/s: the weights, "
+                         f"{local['weight_bytes'] / 2**20:,.0f} MiB read at every step, do not shrink with the window.")
+        local, full = (decode_best(result, name, 1, shortest) for name in (local_name, global_name))
+        window = max((row["positions_read"] for row in decode_rows(result, 1, local_name)), default=0)
+        if local and full and shortest < window and local["tokens_per_s"] < full["tokens_per_s"]:
+            lines.append(f"- At {shortest:,} positions, below its window of {window:,}, {local_name} runs "
+                         f"{local['tokens_per_s']:,.0f} tokens/s to {global_name}'s {full['tokens_per_s']:,.0f}: its ring "
+                         "holds the window's slots from the first step, read whole, the empty ones masked.")
+    return "\n\n".join([heading(path, result, (shortest, context)),
+                        decode_summary_table(result, [shortest, context], layers, [1]), "\n".join(lines), GRID])
+
+
+def latent_section(path, result, contexts=(4096, 16384, 32768), context=16384):
+    """The MLA page's recorded run: GQA, MQA and MLA's two paths at batch 1 (6 rows), then in words: the absorbed
+    path's rate against GQA's at `context` per batch size, and where the naive path is faster."""
+    lines = []
+    for batch in axes(result)[2]:
+        absorbed, gqa = decode_best(result, "MLA", batch, context, "absorbed"), decode_best(result, "GQA", batch, context)
+        if absorbed and gqa:
+            lines.append(f"- Batch {batch}, {context:,} positions: the absorbed path runs {absorbed['tokens_per_s']:,.0f} "
+                         f"tokens/s, reading {absorbed['cache_bytes_per_token']:,} bytes of cache per position; GQA "
+                         f"({gqa['num_kv_heads']} K/V heads) {gqa['tokens_per_s']:,.0f} with `{gqa['kernel']}`, reading "
+                         f"{gqa['cache_bytes_per_token']:,}: the absorbed path at "
+                         f"{absorbed['tokens_per_s'] / gqa['tokens_per_s']:.2f}x GQA's rate.")
+    pairs = mla_pairs(result)
+    faster = [f"batch {a['batch']} at {a['context']:,}" for a, n in pairs if n["tokens_per_s"] > a["tokens_per_s"]]
+    if pairs:
+        ratios = [a["tokens_per_s"] / n["tokens_per_s"] for a, n in pairs]
+        lines.append("- The naive path is faster than the absorbed one " + (f"at {', '.join(faster)}." if faster else
+                     f"in none of the {len(pairs)} pairs of batch size and context where both were measured: the absorbed "
+                     f"path runs {min(ratios):.1f}x to {max(ratios):.1f}x its tokens per second."))
+    return "\n\n".join([heading(path, result, contexts), decode_table(result, 1, ["GQA", "MQA", "MLA"], contexts),
+                        "\n".join(lines), GRID])

@@ -1,11 +1,17 @@
-"""The prefill sweep's results shown: MLA's two paths per prompt length, where each is faster, tables, charts and its
-section of the Benchmarks page (the sweep itself: `attention.bench.sweeps.prefill`).
-"""
+"""The prefill sweep's results shown: MLA's two paths per prompt length, where each is faster, tables, charts, its
+section of the Benchmarks page and the MLA page's (the sweep: `attention.bench.sweeps.prefill`); and the grouped-query
+page's section, of a default-profile run."""
 
 from attention.bench import core
+from attention.bench.results import is_stale
 from attention.bench.sweeps.prefill import NAME
 from attention.models.deepseek_v3 import PATHS
-from attention.report.format import collapsed, nested, number, percent, status_cell, table, title_suffix
+from attention.report import prose
+from attention.report.decode import mla_pairs
+from attention.report.format import (MODE_TITLES, collapsed, device_label, mebibytes, nested, number, percent,
+                                     status_cell, table, title_suffix)
+from attention.report.long import run_line
+from attention.report.sequence import shape_rows
 
 
 def by_length(result):
@@ -103,3 +109,48 @@ def page(result, images):
         f"{section['batch']}, {section['num_heads']} heads of {section['head_dim']} at DeepSeek-V3's widths; each cell: "
         "median time, TFLOP/s and the share of the matmul timed beside the row.", summary(result),
         *images.values(), collapsed("Every prompt length, both paths", prefill_table(result))])
+
+
+def latent_section(path, result, decode_result=None):
+    """The MLA page's prefill run: both paths per prompt length (a row per length), where each is faster, and with
+    `decode_result` (a decode run on the same kind of device) which path to use for which call."""
+    found, both = naive_faster_from(result)
+    section, device = result[NAME], device_label(result["provenance"]["device"])
+    decoded = decode_result and device_label(decode_result["provenance"]["device"]) == device
+    pairs = mla_pairs(decode_result) if decoded else []
+    verdict = (f" So on {device}: **absorbed for decoding** (every decode step recorded on it), **naive for a prefill** "
+               + ("at every prompt length measured" if found == both[0] else f"from {found:,} tokens on") + "."
+               if found is not None and pairs and all(a["tokens_per_s"] > n["tokens_per_s"] for a, n in pairs) else "")
+    return "\n\n".join([f"From the recorded run {run_line(path, result)}: one layer, batch {section['batch']}, "
+                         f"{section['num_heads']} query heads of {section['head_dim']}; each cell: median time, TFLOP/s "
+                         "and the share of the matmul timed beside the row.", prefill_table(result), summary(result) + verdict])
+
+
+GROUPED_QUERY_CLASSES = ("split_heads", "sdpa_causal", "gqa", "mqa", "flex", "gqa_flex")
+
+
+def grouped_query_section(path, result):
+    """The grouped-query page's recorded run (a default-profile run): at its headline shape, not compiled, each class
+    of `GROUPED_QUERY_CLASSES` forward and forward + backward (a row per class), how time followed the FLOPs from
+    `sdpa_causal` to `gqa` and `mqa`, and what a custom mask costs through `gqa_flex`."""
+    config = result["config"]
+    rows = {(row["implementation"], mode): row for mode in MODE_TITLES for row in shape_rows(result, mode)
+            if not row["compiled"] and core.usable(row)}
+    lines = [[f"`{name}`", forward["num_kv_heads"] or forward["num_heads"], number(forward["flops"] / 1e9),
+              number(forward["ms_median"]), percent(forward["share_of_paired_matmul"]), number(both["ms_median"]),
+              percent(both["share_of_paired_matmul"]), mebibytes(both["peak_memory_bytes"])]
+             for name in GROUPED_QUERY_CLASSES for forward, both in [(rows[name, "forward"], rows[name, "forward_backward"])]]
+    base = rows["sdpa_causal", "forward"]
+    shares = {name: (rows[name, "forward"]["flops"] / base["flops"], rows[name, "forward"]["ms_median"] / base["ms_median"])
+              for name in ("gqa", "mqa")}
+    measured = {name: {mode: (rows[name, mode]["ms_median"], rows[name, mode]["peak_memory_bytes"] / 2**20)
+                       for mode in MODE_TITLES} for name in ("gqa", "gqa_flex", "sdpa_mask", "flex")}
+    score_mib = config["batch"] * config["num_heads"] * config["seq_len"] ** 2 * 4 / 2**20  # one (B, H, T, T) float32
+    return "\n\n".join([
+        f"From the recorded run {run_line(path, result)}: batch {config['batch']}, `T` = {config['seq_len']}, d_model "
+        f"{config['d_model']}, {config['num_heads']} query heads; % of the matmul rate timed beside each row.",
+        table(["class", "K/V heads", "forward GFLOP", "forward ms", "% of matmul", "fwd + bwd ms", "% of matmul",
+               "fwd + bwd peak MiB"], lines),
+        "Fewer K/V heads shrink the key and value projections, while the attention core, one per query head, stays the "
+        "same. " + prose.flops_and_time_sentence("sdpa_causal", shares),
+        prose.custom_mask_sentence(path, is_stale(result), measured, score_mib)])

@@ -41,60 +41,6 @@ def file_label(name, stale):
     return f"`{name}`" + (" (stale)" if stale else "")
 
 
-# --- KV cache page: the projections of one decode step --------------------------------------------------
-
-
-def linear_threads_sentence(all_threads_ms, one_thread_ms, threads):
-    """Whether `F.linear` of one row ran faster on `threads` threads than on one."""
-    if threads == 1:
-        return (f"This build ran torch on one thread, so both `F.linear` rows measure one core "
-                f"({all_threads_ms:.2f} and {one_thread_ms:.2f} ms): the question stays open here.")
-    kind, ratio = ratio_words(one_thread_ms, all_threads_ms)
-    measured = f"{all_threads_ms:.2f} ms on {threads} threads against {one_thread_ms:.2f} ms on one"
-    if kind == "about the same":
-        return (f"Here `F.linear` takes about the same time on all threads as on one ({measured}): this build's "
-                "BLAS runs the one-row product on one core.")
-    if kind == "more":
-        return (f"Here `F.linear` is {times(ratio)} faster on all threads ({measured}): this build's BLAS does "
-                "spread the one-row product over its threads.")
-    return (f"Here `F.linear` is slower on all threads than on one ({measured}): spreading the one-row "
-            "product costs more than it saves on this machine.")
-
-
-def row_split_sentence(row_split_ms, linear_ms, threads):
-    """Whether `row_split_linear` beat `F.linear` on the same `threads` threads."""
-    kind, ratio = ratio_words(row_split_ms, linear_ms)
-    measured = f"{row_split_ms:.2f} ms against `F.linear`'s {linear_ms:.2f} ms on the same {threads} threads"
-    if kind == "about the same":
-        return f"`row_split_linear` takes about as long ({measured}): on this machine the split neither gains nor costs."
-    if kind == "less":
-        return (f"`row_split_linear` is {times(1 / ratio)} faster ({measured}): split into a batch of products, "
-                "the weight is read by every core.")
-    return (f"`row_split_linear` takes {times(ratio)} as long ({measured}): on this machine the split costs "
-            "more than it gains, so it pays only where the BLAS keeps a one-row product on one core.")
-
-
-def same_numbers_sentence(first_label, first_ms, second_label, second_ms):
-    """Two ways of computing the same numbers, and whether their times differ."""
-    kind, ratio = ratio_words(second_ms, first_ms)
-    measured = f"{first_ms:.2f} ms ({first_label}) against {second_ms:.2f} ms ({second_label})"
-    if kind == "about the same":
-        return f"On this machine the two layouts take about the same time: {measured}."
-    slower, factor = (second_label, ratio) if kind == "more" else (first_label, 1 / ratio)
-    return f"On this machine they differ: {measured}; {slower} takes {times(factor)} as long."
-
-
-def bandwidth_share_note(shares):
-    """A note for shares of the read bandwidth above 100%, or "" where every share is at most 100%."""
-    above = sorted(share for share in shares if share > 1.0)
-    if not above:
-        return ""
-    listed = ", ".join(f"{share:.0%}" for share in above)
-    return (f"Rows above 100% ({listed}) read faster than the sum that measured the bandwidth beside them: that sum "
-            "is not a ceiling for every kernel on this machine, so read the column as a comparison between rows, "
-            "not as a share of a hard limit.")
-
-
 # --- The benchmark page: bfloat16 on a CPU ---------------------------------------------------------------
 
 
@@ -266,58 +212,6 @@ def custom_mask_sentence(run_name, stale, rows, score_tensor_mib):
                "SDPA with a boolean mask is no cheaper here" + evidence + ".") if training_dearer else
               "So on a CPU `gqa_flex` is the class for a custom mask or score, for inference and training alike.")
     return f"In {run}, at its headline shape: " + " ".join(sentences) + " " + advice
-
-
-# --- The home page: which class to use, from the recorded runs ------------------------------------------
-
-# The devices of the decision table's columns: results files' `device_type`, and the column title.
-def decode_kernels_sentence(ms, kernels, models=("MHA", "GQA", "MQA")):
-    """Which attention kernel was fastest per model, and how each kernel's time fell with the cache.
-
-    `ms`: {(model, kernel): median ms}; `kernels`: the kernel names in table order; `models`: MHA first, then
-    the models with smaller caches (their cache ratio to MHA's is in the table, not needed here).
-    """
-    fastest = []
-    for model in models:
-        ranked = sorted(kernels, key=lambda kernel: ms[model, kernel])
-        best, second = ranked[0], ranked[1]
-        kind, ratio = ratio_words(ms[model, second], ms[model, best])
-        fastest.append(f"{model}: “{best}”" + (f" ({times(ratio)} faster than “{second}”)" if kind == "more"
-                                                else f", about level with “{second}”"))
-    return "Fastest per model, measured now: " + "; ".join(fastest) + "."
-
-
-# A step at below this share of both the bandwidth and the matmul rate is limited by neither.
-FAR_BELOW = 0.25
-
-
-def change_words(before_ms, after_ms):
-    """`before_ms` -> `after_ms` in words: "falls 2.0x", "rises 1.3x" or "stays about the same"."""
-    kind, ratio = ratio_words(after_ms, before_ms, within=0.05)
-    return {"about the same": "stays about the same", "less": f"falls {times(1 / ratio)}",
-            "more": f"rises {times(ratio)}"}[kind]
-
-
-def cache_shrink_sentence(ms, kernels, smaller=("GQA", "MQA")):
-    """How each kernel's time changed from MHA's cache to the smaller ones (`ms`: {(model, kernel): ms})."""
-    parts = [f"“{kernel}” " + ", ".join(f"{change_words(ms['MHA', kernel], ms[model, kernel])} ({model})"
-                                         for model in smaller) for kernel in kernels]
-    return "From MHA's cache to the smaller ones, the time of " + "; of ".join(parts) + "."
-
-
-def decode_limit_sentence(model, kernel, bandwidth_share, matmul_share):
-    """Whether a kernel's step came nearer the read bandwidth or the matmul rate (both shares of the same
-    moment's measurement)."""
-    kind, ratio = ratio_words(bandwidth_share, matmul_share, within=0.25)
-    measured = (f"{model} through {kernel} reads at {bandwidth_share:.0%} of the bandwidth and computes at "
-                f"{matmul_share:.0%} of the matmul rate")
-    if max(bandwidth_share, matmul_share) < FAR_BELOW:
-        return f"{measured}: far below both limits here, so something else (threads, caches, the load) sets its time."
-    if kind == "about the same":
-        return f"{measured}: neither limit stands out here."
-    if kind == "more":
-        return f"{measured}: reading is the nearer limit here."
-    return f"{measured}: arithmetic is the nearer limit here, not reading."
 
 
 # --- The benchmark page: memory against T ------------------------------------------------------------------
