@@ -172,11 +172,6 @@ def test_the_models_section_shows_a_row_per_layer_and_compares_local_with_global
     local, full = (decode_best(result, name, 1, 16384) for name in ("Gemma-2-local", "Gemma-2-global"))
     assert (f"Gemma-2-local reads {local['cache_bytes_read'] / 2**20:,.1f} MiB of cache per step where Gemma-2-global "
             f"reads {full['cache_bytes_read'] / 2**20:,.1f} MiB") in text
-    swapped = copy.deepcopy(result)  # a run where the local layer is faster at the shortest context: no such sentence
-    for row in swapped["decode"]["rows"]:
-        if row["model"] == "Gemma-2-local" and row["status"] == "ok":
-            row["tokens_per_s"] *= 100
-    assert "below its window" not in layers_section(path, swapped, layers)
 
 
 def test_the_mla_sections_say_which_path_is_faster_from_the_rows(decode_run):

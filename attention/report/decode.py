@@ -5,11 +5,12 @@ Benchmarks page (the sweep itself: `attention.bench.sweeps.decode`).
 import statistics
 
 from attention.bench.sweeps.decode import NAME
-from attention.report.format import collapsed, number, table, title_suffix
+from attention.report.format import collapsed, number, status_cell, table, title_suffix
 from attention.report.long import run_line
 
 GROUPED = ("MHA", "GQA", "MQA")  # the KV cache page's layers; the others are on the current models and MLA pages
 GRID = "Every model, kernel, batch and context, in both dtypes: [Benchmarks](../../benchmarks/#decoding)."
+STYLES = ["-o", "--s", ":^", "-.v"]  # a line style per batch size
 
 
 def decode_rows(result, batch=None, model=None, kernel=None, context=None):
@@ -35,49 +36,46 @@ def share_words(result):
             else "the read bandwidth measured beside the row")
 
 
+def cell(result, row):
+    """A row's tokens per second and bandwidth share (`shown_share`), as "78 · 27%"."""
+    return f"{row['tokens_per_s']:,.0f} · {row[shown_share(result)]:.0%}"
+
+
 def axes(result, models=None):
+    """The models (`models`, default all), kernels, batch sizes and contexts of the run's rows, and a row per model."""
     rows = [row for row in result[NAME]["rows"] if models is None or row["model"] in models]
     return (list(dict.fromkeys(r["model"] for r in rows)), list(dict.fromkeys(r["kernel"] for r in rows)),
-            sorted({r["batch"] for r in rows}), sorted({r["context"] for r in rows}))
+            sorted({r["batch"] for r in rows}), sorted({r["context"] for r in rows}), {r["model"]: r for r in rows})
 
 
 def decode_table(result, batch, models=None, contexts=None):
-    """Tokens per second and bandwidth share (`shown_share`), as "78 · 27%", per model and kernel (rows) and context
-    (columns), at one batch size, of `models` and `contexts` (default all); skipped or failed rows say so, wrong ones
-    WRONG."""
-    models, kernels, _, measured = axes(result, models)
+    """`cell`s per model and kernel (rows) and context (columns), at one batch size, of `models` and `contexts`
+    (default all); skipped, failed or incorrect rows say so."""
+    models, kernels, _, measured, layer = axes(result, models)
     contexts = [c for c in measured if contexts is None or c in contexts]
-    share = shown_share(result)
     cells = {(r["model"], r["kernel"], r["context"]): r for r in result[NAME]["rows"] if r["batch"] == batch}
-
-    def cell(row):
-        if row is None or row["status"] != "ok":
-            return "" if row is None else row["status"]
-        return f"{row['tokens_per_s']:,.0f} · {row[share]:.0%}" if row["correct"] else "WRONG"
-    kv = {r["model"]: r["num_kv_heads"] for r in result[NAME]["rows"]}
     return table(["Model (K/V heads)", "Kernel"] + [f"{c:,}" for c in contexts],
-                 [[f"{model} ({kv[model]})", f"`{kernel}`"] + [cell(cells.get((model, kernel, c))) for c in contexts]
+                 [[f"{model} ({layer[model]['num_kv_heads']})", f"`{kernel}`"]
+                  + [status_cell(cells.get((model, kernel, c)), lambda row: cell(result, row)) for c in contexts]
                   for model in models for kernel in kernels if any((model, kernel, c) in cells for c in contexts)],
                  "ll" + "r" * len(contexts))
 
 
 def decode_summary_table(result, contexts=None, models=None, batches=None):
     """Per model (`models`, default all; its K/V heads and cache bytes per token in the label): the fastest kernel's
-    tokens/s and bandwidth share (`shown_share`) at each of `batches` and `contexts` (default all). The kernel goes
-    in the label where one kernel is the fastest in every cell of the row, else in each cell."""
-    models, _, measured_batches, measured = axes(result, models)
-    share = shown_share(result)
+    `cell` at each of `batches` and `contexts` (default all). The kernel goes in the label where one kernel is the
+    fastest in every cell of the row, else in each cell."""
+    models, _, measured_batches, measured, layer = axes(result, models)
     columns = [(b, c) for b in batches or measured_batches for c in contexts or measured if b in measured_batches
                and c in measured]
-    first = {r["model"]: r for r in reversed(result[NAME]["rows"])}
     lines = []
     for model in models:
         best = [decode_best(result, model, batch, context) for batch, context in columns]
         kernels = sorted({row["kernel"] for row in best if row})
-        label = (f"{model} ({first[model]['num_kv_heads']} K/V, {first[model]['cache_bytes_per_token'] / 1024:,g} KiB "
-                 "per token)" + (f" `{kernels[0]}`" if len(kernels) == 1 else ""))
-        lines.append([label] + ["" if row is None else f"{row['tokens_per_s']:,.0f} · {row[share]:.0%}"
-                                + ("" if len(kernels) == 1 else f" `{row['kernel']}`") for row in best])
+        one = f" `{kernels[0]}`" if len(kernels) == 1 else ""
+        lines.append([f"{model} ({layer[model]['num_kv_heads']} K/V, {layer[model]['cache_bytes_per_token'] / 1024:,g} "
+                      f"KiB per token){one}"] + ["" if row is None else cell(result, row) + ("" if one else
+                                                 f" `{row['kernel']}`") for row in best])
     return table(["Model (K/V heads, cache) kernel"] + [f"B={b}, {c:,}" for b, c in columns], lines)
 
 
@@ -87,37 +85,33 @@ def plot_decode(result, metric="tokens_per_s", models=None):
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
-    models, kernels, batches, _ = axes(result, models)
-    kv_heads = {row["model"]: row["num_kv_heads"] for row in result[NAME]["rows"]}
+    models, kernels, batches, _, layer = axes(result, models)
     colors = dict(zip(kernels, ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple"]))
     columns = min(len(models), 3)  # about the text column's width, so the panels' words keep their size
-    rows = -(-len(models) // columns)
-    fig = Figure(figsize=(2.5 * columns + 0.6, 1.9 * rows + 1.0), layout="constrained")
-    panels = fig.subplots(rows, columns, squeeze=False, sharex=True, sharey=True).ravel()
-    for ax, model in zip(panels, models):
-        for kernel in kernels:
-            for batch, style in zip(batches, ["-o", "--s", ":^", "-.v"]):
-                points = sorted(decode_rows(result, batch, model, kernel), key=lambda r: r["context"])
-                if points:
-                    ax.plot([r["context"] for r in points], [r[metric] * (100 if metric.startswith("share") else 1)
-                                                             for r in points], style, color=colors[kernel], markersize=3)
-        ax.set_title(f"{model} ({kv_heads[model]} K/V)", fontsize=9)
-        ax.set_xscale("log", base=2)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.tick_params(labelsize=7)
+    fig = Figure(figsize=(2.5 * columns + 0.6, 1.9 * -(-len(models) // columns) + 1.0), layout="constrained")
+    panels = fig.subplots(-(-len(models) // columns), columns, squeeze=False, sharex=True, sharey=True).ravel()
     for index, ax in enumerate(panels):
         ax.set_visible(index < len(models))
         if index < len(models) <= index + columns:  # the lowest panel of its column: the x axis's labels
             ax.tick_params(labelbottom=True)
             ax.set_xlabel("context (positions)", fontsize=8)
-    if metric == "tokens_per_s":
-        panels[0].set_yscale("log")
+    for ax, model in zip(panels, models):
+        for kernel, batch, style in [(k, b, s) for k in kernels for b, s in zip(batches, STYLES)]:
+            points = sorted(decode_rows(result, batch, model, kernel), key=lambda r: r["context"])
+            if points:
+                    ax.plot([r["context"] for r in points], [r[metric] * (100 if metric.startswith("share") else 1)
+                                                         for r in points], style, color=colors[kernel], markersize=3)
+        ax.set_title(f"{model} ({layer[model]['num_kv_heads']} K/V)", fontsize=9)
+        ax.set_xscale("log", base=2)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.tick_params(labelsize=7)
+    panels[0].set_yscale("log" if metric == "tokens_per_s" else "linear")
     fig.supylabel("tokens per second, one attention layer" if metric == "tokens_per_s" else
                   "% of the run's peak bandwidth" if metric == "share_of_peak_bandwidth"
                   else "% of the read bandwidth beside it", fontsize=9)
     handles = ([Line2D([], [], color=colors[k], linewidth=2, label=f"kernel {k}") for k in kernels]
                + [Line2D([], [], color="black", linestyle=style[:-1], marker=style[-1], markersize=3, label=f"batch {b}")
-                  for b, style in zip(batches, ["-o", "--s", ":^", "-.v"])])
+                  for b, style in zip(batches, STYLES)])
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8)
     fig.suptitle(f"Decode step of one attention layer, {title_suffix(result)}", fontsize=10)
     return fig
@@ -145,16 +139,20 @@ def bandwidth_note(result):
 
 
 def charts(result):
-    return {"tokens": (plot_decode(result, "tokens_per_s"), f"decode tokens per second of one attention layer against "
-                                                             f"context, a panel per model, {title_suffix(result)}"),
-            "share": (plot_decode(result, shown_share(result)), f"decode step's share of {share_words(result)} "
-                                                                  f"against context, a panel per model, {title_suffix(result)}")}
+    return {kind: (plot_decode(result, metric), f"decode {words} of one attention layer against context, a panel per "
+                                                f"model, {title_suffix(result)}")
+            for kind, metric, words in (("tokens", "tokens_per_s", "tokens per second"),
+                                        ("share", shown_share(result), f"step's share of {share_words(result)}"))}
+
+
+def batch_tables(result):
+    """A `decode_table` per batch size: every model, kernel and context."""
+    return [f"**Batch {batch}**: tok/s (tokens per second, one layer) · share of {share_words(result)}\n\n"
+            + decode_table(result, batch) for batch in axes(result)[2]]
 
 
 def tables(result):
-    return "\n\n".join([bandwidth_note(result), decode_summary_table(result)] + [
-        f"Batch {batch}: tok/s (tokens per second, one layer) · share of {share_words(result)}\n\n"
-        + decode_table(result, batch) for batch in axes(result)[2]])
+    return "\n\n".join([bandwidth_note(result), decode_summary_table(result), *batch_tables(result)])
 
 
 def page(result, images):
@@ -166,8 +164,8 @@ def page(result, images):
         f"families' layers and MLA at those sizes): the fastest kernel's tokens per second · share of "
         f"{share_words(result)}, at the two longest contexts:",
         decode_summary_table(result, contexts=axes(result)[3][-2:]), images.pop("tokens", ""), bandwidth_note(result),
-        collapsed("Every kernel and context, and the share of the bandwidth against context", "\n\n".join(
-            [f"**Batch {batch}**\n\n{decode_table(result, batch)}" for batch in axes(result)[2]] + list(images.values())))])
+        collapsed("Every kernel and context, and the share of the bandwidth against context",
+                  "\n\n".join(batch_tables(result) + list(images.values())))])
 
 
 # --- The teaching pages' sections: the few rows their text discusses, in words, and a link to the whole grid ---------
@@ -179,71 +177,53 @@ def mla_pairs(result):
             for n in decode_rows(result, a["batch"], "MLA", "naive", a["context"])]
 
 
-def heading(path, result, contexts):
-    section = result[NAME]
-    return (f"From the recorded run {run_line(path, result)}: one attention layer of {section['num_heads']} query heads "
-            f"of {section['head_dim']}, batch 1, at {', '.join(f'{c:,}' for c in contexts)} cached positions; each cell: "
-            f"tokens per second · share of {share_words(result)}.")
+def teaching(path, result, models, contexts, lines, fastest=False):
+    """A teaching page's recorded-run section: `models` at batch 1 and `contexts`, every kernel (`decode_table`) or
+    with `fastest` the fastest (`decode_summary_table`), then `lines` as bullets and a link to the whole grid."""
+    return "\n\n".join([
+        f"From the recorded run {run_line(path, result)}: one attention layer of {result[NAME]['num_heads']} query "
+        f"heads of {result[NAME]['head_dim']}, batch 1; each cell: tokens per second · share of {share_words(result)}.",
+        decode_summary_table(result, contexts, models, [1]) if fastest else decode_table(result, 1, models, contexts),
+        "\n".join(f"- {line}" for line in lines), GRID])
 
 
 def cache_section(path, result, contexts=(4096, 16384, 32768), context=16384):
-    """The KV cache page's recorded run: MHA, GQA and MQA through both kernels at batch 1 (6 rows), then what the rows
-    say at `context`: what the smaller caches buy (fastest kernels), and batch 8 against batch 1."""
-    best = {model: decode_best(result, model, 1, context) for model in GROUPED}
-    mha, gqa, mqa = best.values()
-    lines = [f"- At {context:,} positions GQA reads {mha['cache_bytes_per_token'] // gqa['cache_bytes_per_token']}x less "
-             f"cache per token than MHA and runs {gqa['tokens_per_s'] / mha['tokens_per_s']:.1f}x as many tokens/s "
-             f"(`{gqa['kernel']}`); MQA {mha['cache_bytes_per_token'] // mqa['cache_bytes_per_token']}x less and "
-             f"{mqa['tokens_per_s'] / mha['tokens_per_s']:.1f}x: the query and output projections' weights, read at "
-             "every step too, do not shrink."]
-    batch8 = {model: decode_best(result, model, 8, context) for model in GROUPED}
-    lines.append("- Batch 8 against batch 1, in tokens/s over all sequences: " + ", ".join(
-        f"{model} {row['tokens_per_s'] / best[model]['tokens_per_s']:.1f}x" for model, row in batch8.items() if row)
-        + ": the weights are read once for 8 tokens, but each sequence's cache is its own.")
-    return "\n\n".join([heading(path, result, contexts), decode_table(result, 1, GROUPED, contexts), "\n".join(lines), GRID])
+    """The KV cache page's recorded run: MHA, GQA and MQA through both kernels at batch 1 (6 rows), then what the
+    smaller caches buy at `context` (the fastest kernels)."""
+    mha, gqa, mqa = (decode_best(result, model, 1, context) for model in GROUPED)
+    return teaching(path, result, GROUPED, contexts, [
+        f"At {context:,} positions GQA reads {mha['cache_bytes_per_token'] // gqa['cache_bytes_per_token']}x less "
+        f"cache per token than MHA and runs {gqa['tokens_per_s'] / mha['tokens_per_s']:.1f}x as many tokens/s "
+        f"(`{gqa['kernel']}`); MQA {mha['cache_bytes_per_token'] // mqa['cache_bytes_per_token']}x less and "
+        f"{mqa['tokens_per_s'] / mha['tokens_per_s']:.1f}x: the query and output projections' weights, read at every "
+        "step too, do not shrink."])
 
 
 def layers_section(path, result, layers, context=16384):
-    """The current models page's recorded run: the fastest kernel of each of `layers` at batch 1, at the shortest
-    context and at `context` (a row per layer), then in words each local layer's cache and speed against its global
-    twin's at `context`, and at the shortest context, where a local layer's ring holds more positions than its twin's."""
-    shortest = axes(result, layers)[3][0]
+    """The current models page's recorded run: the fastest kernel of each of `layers` at batch 1 and `context` (a row
+    per layer), then in words each local layer's cache and speed against its global twin's."""
     lines = []
-    for local_name, global_name in (("Gemma-2-local", "Gemma-2-global"), ("gpt-oss-local", "gpt-oss-global")):
-        local, full = (decode_best(result, name, 1, context) for name in (local_name, global_name))
+    for name, twin in (("Gemma-2-local", "Gemma-2-global"), ("gpt-oss-local", "gpt-oss-global")):
+        local, full = (decode_best(result, layer, 1, context) for layer in (name, twin))
         if local and full:
-            lines.append(f"- At {context:,} positions {local_name} reads {local['cache_bytes_read'] / 2**20:,.1f} MiB of "
-                         f"cache per step where {global_name} reads {full['cache_bytes_read'] / 2**20:,.1f} MiB, and runs "
+            lines.append(f"{name} reads {local['cache_bytes_read'] / 2**20:,.1f} MiB of cache per step where {twin} "
+                         f"reads {full['cache_bytes_read'] / 2**20:,.1f} MiB, and runs "
                          f"{local['tokens_per_s'] / full['tokens_per_s']:.1f}x its tokens/s: the weights, "
                          f"{local['weight_bytes'] / 2**20:,.0f} MiB read at every step, do not shrink with the window.")
-        local, full = (decode_best(result, name, 1, shortest) for name in (local_name, global_name))
-        window = max((row["positions_read"] for row in decode_rows(result, 1, local_name)), default=0)
-        if local and full and shortest < window and local["tokens_per_s"] < full["tokens_per_s"]:
-            lines.append(f"- At {shortest:,} positions, below its window of {window:,}, {local_name} runs "
-                         f"{local['tokens_per_s']:,.0f} tokens/s to {global_name}'s {full['tokens_per_s']:,.0f}: its ring "
-                         "holds the window's slots from the first step, read whole, the empty ones masked.")
-    return "\n\n".join([heading(path, result, (shortest, context)),
-                        decode_summary_table(result, [shortest, context], layers, [1]), "\n".join(lines), GRID])
+    return teaching(path, result, layers, [context], lines, fastest=True)
 
 
 def latent_section(path, result, contexts=(4096, 16384, 32768), context=16384):
     """The MLA page's recorded run: GQA, MQA and MLA's two paths at batch 1 (6 rows), then in words: the absorbed
-    path's rate against GQA's at `context` per batch size, and where the naive path is faster."""
-    lines = []
-    for batch in axes(result)[2]:
-        absorbed, gqa = decode_best(result, "MLA", batch, context, "absorbed"), decode_best(result, "GQA", batch, context)
-        if absorbed and gqa:
-            lines.append(f"- Batch {batch}, {context:,} positions: the absorbed path runs {absorbed['tokens_per_s']:,.0f} "
-                         f"tokens/s, reading {absorbed['cache_bytes_per_token']:,} bytes of cache per position; GQA "
-                         f"({gqa['num_kv_heads']} K/V heads) {gqa['tokens_per_s']:,.0f} with `{gqa['kernel']}`, reading "
-                         f"{gqa['cache_bytes_per_token']:,}: the absorbed path at "
-                         f"{absorbed['tokens_per_s'] / gqa['tokens_per_s']:.2f}x GQA's rate.")
+    path's rate against GQA's at `context`, and where the naive path is faster."""
+    absorbed, gqa = decode_best(result, "MLA", 1, context, "absorbed"), decode_best(result, "GQA", 1, context)
     pairs = mla_pairs(result)
     faster = [f"batch {a['batch']} at {a['context']:,}" for a, n in pairs if n["tokens_per_s"] > a["tokens_per_s"]]
-    if pairs:
-        ratios = [a["tokens_per_s"] / n["tokens_per_s"] for a, n in pairs]
-        lines.append("- The naive path is faster than the absorbed one " + (f"at {', '.join(faster)}." if faster else
-                     f"in none of the {len(pairs)} pairs of batch size and context where both were measured: the absorbed "
-                     f"path runs {min(ratios):.1f}x to {max(ratios):.1f}x its tokens per second."))
-    return "\n\n".join([heading(path, result, contexts), decode_table(result, 1, ["GQA", "MQA", "MLA"], contexts),
-                        "\n".join(lines), GRID])
+    ratios = [a["tokens_per_s"] / n["tokens_per_s"] for a, n in pairs]
+    return teaching(path, result, ["GQA", "MQA", "MLA"], contexts, [
+        f"At {context:,} positions the absorbed path runs {absorbed['tokens_per_s']:,.0f} tokens/s, reading "
+        f"{absorbed['cache_bytes_per_token']:,} bytes of cache per position; GQA {gqa['tokens_per_s']:,.0f} with "
+        f"`{gqa['kernel']}`, reading {gqa['cache_bytes_per_token']:,}: "
+        f"{absorbed['tokens_per_s'] / gqa['tokens_per_s']:.2f}x GQA's rate.", "The naive path is faster than the absorbed one " + (f"at {', '.join(faster)}." if faster else
+        f"in none of the {len(pairs)} pairs of batch size and context measured: the absorbed path runs "
+        f"{min(ratios):.1f}x to {max(ratios):.1f}x its tokens per second.")])
