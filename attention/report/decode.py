@@ -11,6 +11,8 @@ from attention.report.long import run_line
 GROUPED = ("MHA", "GQA", "MQA")  # the KV cache page's layers; the others are on the current models and MLA pages
 GRID = "Every model, kernel, batch and context, in both dtypes: [Benchmarks](../../benchmarks/#decoding)."
 STYLES = ["-o", "--s", ":^", "-.v"]  # a line style per batch size
+SHARES = {"share_of_peak_bandwidth": "the run's peak bandwidth",  # a bandwidth share's field: what it is a share of
+          "share_of_paired_bandwidth": "the read bandwidth measured beside the row"}
 
 
 def decode_rows(result, batch=None, model=None, kernel=None, context=None):
@@ -32,8 +34,7 @@ def shown_share(result):
 
 
 def share_words(result):
-    return ("the run's peak bandwidth" if shown_share(result) == "share_of_peak_bandwidth"
-            else "the read bandwidth measured beside the row")
+    return SHARES[shown_share(result)]
 
 
 def cell(result, row):
@@ -106,9 +107,8 @@ def plot_decode(result, metric="tokens_per_s", models=None):
         ax.grid(True, which="both", alpha=0.3)
         ax.tick_params(labelsize=7)
     panels[0].set_yscale("log" if metric == "tokens_per_s" else "linear")
-    fig.supylabel("tokens per second, one attention layer" if metric == "tokens_per_s" else
-                  "% of the run's peak bandwidth" if metric == "share_of_peak_bandwidth"
-                  else "% of the read bandwidth beside it", fontsize=9)
+    fig.supylabel("tokens per second, one attention layer" if metric == "tokens_per_s" else f"% of {SHARES[metric]}",
+                  fontsize=9)
     handles = ([Line2D([], [], color=colors[k], linewidth=2, label=f"kernel {k}") for k in kernels]
                + [Line2D([], [], color="black", linestyle=style[:-1], marker=style[-1], markersize=3, label=f"batch {b}")
                   for b, style in zip(batches, STYLES)])
