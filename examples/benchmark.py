@@ -189,20 +189,6 @@ for dtype in (torch.float32, torch.bfloat16):
 show_markdown(report.bf16_pieces_section(ms, MATMUL_SIZE, cpu_name(), cpu_flags()))
 
 # %% [markdown]
-# The recorded runs, measured on another CPU, class by class
-# ([Benchmarks](../../benchmarks/#bfloat16-against-float32) has the table). The classes fall into
-# three kinds: those whose attention is one fused kernel (SDPA, and FlexAttention's forward),
-# `tiled`, whose tiles keep the scores from ever being whole, and those that write the
-# `(B, H, T, T)` scores out as tensors. FlexAttention's backward on a CPU is not fused, so in
-# forward + backward the Flex classes count as writing the scores out.
-
-# %%
-recorded = ["cpu-intel-xeon-2c-float32.json", "cpu-intel-xeon-2c-bfloat16.json"]
-fp32_run, bf16_run = (report.load_result(report.RESULTS_DIR / name) for name in recorded)
-
-# %% tags=["hide-input"]
-show_markdown(report.bf16_recorded_section(fp32_run, bf16_run, recorded))
-
-# %% [markdown]
-# To see how your CPU fares, run the benchmark in both dtypes and
-# [add the files](../../add-your-device/).
+# The recorded runs, measured on another CPU, compare every class in both dtypes on the
+# [Benchmarks](../../benchmarks/#bfloat16-against-float32) page. To see how your CPU fares, run the
+# benchmark in both dtypes and [add the files](../../add-your-device/).

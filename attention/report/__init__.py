@@ -1,13 +1,7 @@
-"""What a results file shows: tables, charts, page sections and the sentences written from measured numbers.
-
-The benchmark (`attention.bench`) measures and writes results files; this package only reads them, so a new column, a
-colour or a sentence here changes no measurement and stales no recorded run (the provenance hash never covers this
-folder). Nothing under `attention/` imports it but the benchmark's command line, which prints what it measured.
-
-`PAGES` maps each sweep's name to its module here: `tables(result)` (what the command line prints),
+"""What a results file shows: tables, charts, page sections and the sentences written from measured numbers. It only
+reads results files (with `load_result`, which escapes their strings), so nothing here changes a measurement or stales
+a recorded run. `PAGES` maps each sweep's name to its module: `tables(result)` (what the command line prints),
 `charts(result)` (`{kind: (Figure, alt text)}`) and `page(result, images)` (its section of the Benchmarks page).
-The names below are the face the pages and the docs hooks read from; results files are read with `load_result`,
-which escapes every string in them for Markdown and HTML.
 """
 
 import dataclasses
@@ -18,9 +12,9 @@ from attention.bench.results import (RESULTS_DIR, all_rows, changed_sources, che
 from attention.report import block_sparse, decode, prefill, ring, sequence
 from attention.report.block_sparse import (block_sparse_rows, block_sparse_table, crossover_table,  # noqa: F401
                                            crossovers, plot_block_sparse)
-from attention.report.compare import (bf16_pieces_section, bf16_recorded_section, dtype_comparison,  # noqa: F401
-                                      dtype_comparison_table, dtype_pairs, dtype_verdict, share_stability,
-                                      share_stability_section, share_stability_table)
+from attention.report.compare import (bf16_pieces_section, dtype_comparison,  # noqa: F401
+                                      dtype_comparison_table, dtype_pairs, dtype_verdict,
+                                      share_stability_section)
 from attention.report.decode import decode_best, decode_rows, decode_summary_table, decode_table, plot_decode  # noqa: F401
 from attention.report.format import (MODE_TITLES, collapsed, device_label, devices_line, number,  # noqa: F401
                                      provenance_summary, run_line, table)
@@ -33,18 +27,15 @@ from attention.report.sequence import (fastest, fastest_cell, fastest_table, lea
 PAGES = {"sequence": sequence, "block_sparse": block_sparse, "decode": decode, "ring": ring, "prefill": prefill}
 
 
-def profile_summary(config):
-    """A sequence run's sizes and timing in words, from its config (a file's `config`, or a `Config` as a dict)."""
+def profile_summary(config=None):
+    """A sequence run's sizes and timing in words, from its config (a file's `config`, or a `Config` as a dict; by
+    default the quick profile's preset)."""
+    config = config or dataclasses.asdict(quick_config())
     lengths = ", ".join(str(t) for t in config["seq_lens"] or ())
     shape = (f"batch {config['sweep_batch']}, `T` = {lengths}" if lengths
              else f"batch {config['batch']}, `T` = {config['seq_len']}")
     return (f"{shape}, d_model {config['d_model']}, {config['num_heads']} heads, timing of at least "
             f"{config['min_run_time']} s and {config['min_repeats']} repeats per row")
-
-
-def quick_profile_summary():
-    """The quick profile in words, from its preset."""
-    return profile_summary(dataclasses.asdict(quick_config()))
 
 
 def recorded_durations():

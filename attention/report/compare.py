@@ -2,10 +2,9 @@
 same profile twice, to see how far each class's share of the matmul rate moves between runs."""
 
 from attention.bench.core import usable
-from attention.bench.results import is_stale
 from attention.report import prose
 from attention.report.format import MODE_TITLES, device_label, number, percent, table
-from attention.report.sequence import kernel_kind, shape_rows
+from attention.report.sequence import shape_rows
 
 
 def headline_rows(result, mode):
@@ -13,56 +12,39 @@ def headline_rows(result, mode):
     return {row["label"]: row for row in shape_rows(result, mode) if usable(row)}
 
 
-SHARES = {"paired": "share_of_paired_matmul", "run_level": "share_of_matmul_peak"}  # yardstick: row field
-
-
-def share_stability(first, second):
-    """Two runs of one profile: per mode at the headline shape, `{"mode", "rows"}`, `rows` a list of `{"label",
-    "paired", "run_level"}`, each a pair of shares (first run, second run), in the first run's order by time. Rows
-    measured in only one run are left out."""
-    comparison = []
-    for mode in first["config"]["modes"]:
-        a, b = headline_rows(first, mode), headline_rows(second, mode)
-        rows = [{"label": label, **{key: (a[label][field], b[label][field]) for key, field in SHARES.items()}}
-                for label in sorted(a, key=lambda label: a[label]["ms_median"]) if label in b]
-        comparison += [{"mode": mode, "rows": rows}] if rows else []
-    return comparison
-
-
-def share_stability_table(first, second, labels=None):
-    """`share_stability` as a table: per mode and class (of `labels`, default all), each run's share against either
-    yardstick, and the gap."""
-    return table(["mode", "implementation", "paired: run 1", "run 2", "gap (points)", "run-level: run 1", "run 2",
-                  "gap (points)"],
-                 [[MODE_TITLES[entry["mode"]], f"`{row['label']}`"] + [cell for key in SHARES for cell in (
-                     percent(row[key][0]), percent(row[key][1]),
-                     "—" if None in row[key] else f"{abs(row[key][0] - row[key][1]) * 100:.1f}")]
-                  for entry in share_stability(first, second) for row in entry["rows"]
-                  if labels is None or row["label"] in labels], "ll" + "r" * 6)
+SHARES = ("share_of_paired_matmul", "share_of_matmul_peak")  # the row fields: the paired yardstick, the run-level one
 
 
 def share_stability_section(first, second, names, labels):
     """The quick-run page's "Is the share stable?": two runs of the same sources (`names`: their files), each one's
-    yardstick rates, per mode the largest move of a class's share between them against either yardstick, and
-    `share_stability_table` of `labels`. Raises ValueError for runs of different sources."""
+    yardstick rates, per mode at the headline shape the largest move of a class's share between them against either
+    yardstick (`SHARES`), and a table of both runs' shares of `labels` and the gaps. Raises ValueError for runs of
+    different sources."""
     if first["provenance"]["source_hash"] != second["provenance"]["source_hash"]:
         raise ValueError(f"the stability pair must come from the same sources, got {names[0]} and {names[1]}")
-    lines = []
-    for name, run in zip(names, (first, second)):
-        paired, samples = run["matmul_peak"]["paired"], [sample["tflops"] for sample in run["matmul_peak"]["samples"]]
-        lines.append(f"- `{name}`: {run['provenance']['date_utc'][:16]}, {run['provenance']['duration_s'] / 60:.0f} min; "
-                     f"the matmul beside the rows ran at {number(paired['lowest_tflops'])} to "
-                     f"{number(paired['highest_tflops'])} TFLOP/s, the run-level samples at {number(min(samples))} to "
-                     f"{number(max(samples))}")
-    for entry in share_stability(first, second):
-        moved = {key: max(abs(r[key][0] - r[key][1]) for r in entry["rows"]) * 100 for key in SHARES}
-        lines.append(f"\n{MODE_TITLES[entry['mode']].capitalize()}: over all {len(entry['rows'])} classes, a class's "
-                     f"share moved by at most {moved['paired']:.0f} points between the runs against the paired "
-                     f"yardstick, and by at most {moved['run_level']:.0f} against the run-level one.")
+    lines = [f"- `{name}`: {run['provenance']['date_utc'][:16]}, {run['provenance']['duration_s'] / 60:.0f} min; the "
+             f"matmul beside the rows ran at {number(peak['paired']['lowest_tflops'])} to "
+             f"{number(peak['paired']['highest_tflops'])} TFLOP/s, the run-level samples at {number(min(samples))} to "
+             f"{number(max(samples))}" for name, run in zip(names, (first, second))
+             for peak in [run["matmul_peak"]] for samples in [[sample["tflops"] for sample in peak["samples"]]]]
+    rows = []
+    for mode in first["config"]["modes"]:
+        one, two = headline_rows(first, mode), headline_rows(second, mode)
+        shares = {label: [(one[label][field], two[label][field]) for field in SHARES]
+                  for label in sorted(one, key=lambda label: one[label]["ms_median"]) if label in two}
+        if shares:  # the gaps in points against the paired yardstick, then the run-level one
+            moved = [max(abs(pair[i][0] - pair[i][1]) for pair in shares.values()) * 100 for i in (0, 1)]
+            lines.append(f"\n{MODE_TITLES[mode].capitalize()}: over all {len(shares)} classes, a class's share moved by "
+                         f"at most {moved[0]:.0f} points between the runs against the paired yardstick, and by at most "
+                         f"{moved[1]:.0f} against the run-level one.")
+        rows += [[MODE_TITLES[mode], f"`{label}`"] + [cell for a, b in pairs for cell in (
+            percent(a), percent(b), "—" if None in (a, b) else f"{abs(a - b) * 100:.1f}")]
+            for label, pairs in shares.items() if label in labels]
     rates = [run["matmul_peak"]["tflops"] for run in (first, second)]
     lines.append(f"\nThe two runs' run-level rates were {number(rates[0])} and {number(rates[1])} TFLOP/s, "
-                 f"{abs(rates[0] / rates[1] - 1):.0%} apart. A few classes:\n\n"
-                 + share_stability_table(first, second, labels))
+                 f"{abs(rates[0] / rates[1] - 1):.0%} apart. A few classes:\n\n" + table(
+                     ["mode", "implementation", "paired: run 1", "run 2", "gap (points)", "run-level: run 1", "run 2",
+                      "gap (points)"], rows, "ll" + "r" * 6))
     return "\n".join(lines)
 
 
@@ -77,11 +59,6 @@ def dtype_pairs(results):
     return [(kinds["float32"], kinds["bfloat16"]) for kinds in runs.values() if {"float32", "bfloat16"} <= set(kinds)]
 
 
-def matmul_rate(result):
-    peak = result["matmul_peak"]
-    return (peak.get("paired") or {}).get("median_tflops") or peak["tflops"]
-
-
 def dtype_comparison(fp32, bf16):
     """Per class at the headline shape, in each mode, the median times in float32 and bfloat16 and the speed-up
     `fp32 ms / bf16 ms` (above 1: bfloat16 faster): `{"matmul": (fp32 TFLOP/s, bf16 TFLOP/s), "modes",
@@ -94,7 +71,9 @@ def dtype_comparison(fp32, bf16):
     rows = [{"label": label, **{mode: (a[label]["ms_median"], b[label]["ms_median"],
                                        a[label]["ms_median"] / b[label]["ms_median"]) for mode, (a, b) in by_mode.items()}}
             for label in labels]
-    return {"matmul": (matmul_rate(fp32), matmul_rate(bf16)), "modes": modes, "rows": rows}
+    rates = tuple((r["matmul_peak"].get("paired") or {}).get("median_tflops") or r["matmul_peak"]["tflops"]
+                  for r in (fp32, bf16))  # the paired yardstick's median where the run has one
+    return {"matmul": rates, "modes": modes, "rows": rows}
 
 
 def dtype_comparison_table(fp32, bf16):
@@ -115,9 +94,8 @@ def dtype_verdict(fp32, bf16, mode="forward", margin=0.05):
     """One sentence: which classes bfloat16 makes faster, slower and about the same (within `margin`) in `mode`."""
     groups = {"faster": [], "slower": [], "about the same": []}
     for row in dtype_comparison(fp32, bf16)["rows"]:
-        speed = row[mode][2]
-        groups["faster" if speed > 1 + margin else "slower" if speed < 1 - margin else "about the same"].append(
-            f"`{row['label']}` ({speed:.2f}×)")
+        kind = prose.ratio_words(row[mode][2], 1.0, margin)[0]
+        groups[{"more": "faster", "less": "slower"}.get(kind, kind)].append(f"`{row['label']}` ({row[mode][2]:.2f}×)")
     return (f"{MODE_TITLES[mode].capitalize()}, bfloat16 against float32 (more than {margin:.0%} apart counts): "
             + "; ".join(f"{what}: {', '.join(labels)}" for what, labels in groups.items() if labels) + ".")
 
@@ -141,32 +119,8 @@ def bf16_pieces_section(ms, matmul_size, cpu, flags):
     return "\n\n".join([
         "bf16 speed = float32 ms / bfloat16 ms (above 1: bfloat16 is faster).\n\n"
         + table(["piece", "float32 ms", "bfloat16 ms", "bf16 speed"], rows),
-        prose.bf16_matmul_sentence("This build's CPU", cpu, flags, flops / ms["matmul"][0] / 1e9,
-                                   flops / ms["matmul"][1] / 1e9),
+        prose.bf16_matmul_sentence(cpu, flags, flops / ms["matmul"][0] / 1e9, flops / ms["matmul"][1] / 1e9),
         prose.bf16_pieces_sentence(speed),
         prose.bf16_conclusion(speed["projections"], sum(ms[p][0] for p in ("mask", "softmax")) / sum(
-            ms[p][1] for p in ("mask", "softmax")), prose.has_amx(flags))])
+            ms[p][1] for p in ("mask", "softmax")), None if flags is None else "amx_bf16" in flags)])
 
-
-def bf16_recorded_section(fp32, bf16, names):
-    """Two recorded runs of one CPU in both dtypes (`names`: their files), class by class at their headline shape:
-    the matmul rates, then bfloat16's speed per kind of kernel (`kernel_kind`) in each mode, and FlexAttention's
-    training peak in score tensors of that shape. The shape in the words is read from the rows it describes."""
-    device, comparison = fp32["provenance"]["device"], dtype_comparison(fp32, bf16)
-    parts = [f"`{names[0]}` and `{names[1]}`" + (" (recorded with older code than this page)" if is_stale(fp32)
-                                                  or is_stale(bf16) else "") + ". " + prose.bf16_matmul_sentence(
-        "Their CPU", device["name"], device.get("cpu_flags"), *comparison["matmul"])]
-    for mode in comparison["modes"]:
-        rows = {row["label"]: row for row in shape_rows(fp32, mode)}
-        (batch, seq_len), = {(rows[row["label"]]["batch"], rows[row["label"]]["seq_len"]) for row in comparison["rows"]}
-        groups = {}
-        for row in comparison["rows"]:
-            groups.setdefault(kernel_kind(rows[row["label"]], mode), []).append(row[mode][2])
-        parts.append(prose.bf16_classes_sentence(f"{MODE_TITLES[mode]}, B = {batch}, T = {seq_len}", groups))
-    for flex in (row for row in shape_rows(fp32, "forward_backward") if row["implementation"] == "flex" and usable(row)):
-        score_bytes = flex["batch"] * flex["num_heads"] * flex["seq_len"] ** 2 * 4  # one float32 (B, H, T, T)
-        parts.append(f"`flex` in forward + backward (B = {flex['batch']}, T = {flex['seq_len']}, float32): a peak of "
-                     f"{flex['peak_memory_bytes'] / 2**20:,.0f} MiB, {flex['peak_memory_bytes'] / score_bytes:.1f} times "
-                     f"one `(B, H, T, T)` float32 score tensor of {score_bytes / 2**20:,.0f} MiB"
-                     + (": its backward writes the scores out." if flex["peak_memory_bytes"] > 2 * score_bytes else "."))
-    return "\n\n".join(parts)

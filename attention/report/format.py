@@ -90,11 +90,22 @@ def devices_line(results):
             f"that set its matmul speed (AVX2, AVX-512, AMX): " + "; ".join(labels) + ".")
 
 
-def run_line(result):
-    """What a run is, in one sentence: device identity, dtype, profile, date, and whether the code changed since."""
-    return (f"{device_label(result['provenance']['device'])}, {result['dtype']}, {result['profile']} profile, recorded "
-            f"{result['provenance']['date_utc'][:10]}" + (" (predates the current code)" if is_stale(result) else "")
-            + ".")
+def run_device(result):
+    """The run's device as a reader knows it; a run from before CPU flags were kept says so, not "flags unknown"."""
+    device = result["provenance"]["device"]
+    if device["type"] == "cpu" and device.get("cpu_flags") is None:
+        return f"{short_cpu(device['cpu'])} (recorded before CPU flags were kept)"
+    return device_label(device)
+
+
+def run_line(path, result):
+    """A run in one phrase: its file where `path` is given (marked stale where the code changed since), else its
+    profile and whether it predates the current code; its device (`run_device`), dtype and date."""
+    stale, date = is_stale(result), result["provenance"]["date_utc"][:10]
+    if path is None:
+        return (f"{run_device(result)}, {result['dtype']}, {result['profile']} profile, recorded {date}"
+                + (" (predates the current code)" if stale else ""))
+    return f"`{path}`" + (" (stale)" if stale else "") + f": {run_device(result)}, {result['dtype']}, recorded {date}"
 
 
 def title_suffix(result):

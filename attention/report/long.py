@@ -1,7 +1,5 @@
-"""The long-context profile's recorded run on the teaching pages: `tiled`'s memory and time against the naive class and
-the fused kernel (the Tiled attention page), and where block sparsity pays (the Masks page). The Benchmarks page shows
-the whole run (`sequence.page`, `block_sparse.page`); a section here shows the few rows its page's text discusses,
-with the sentences written from the numbers.
+"""The long-context profile's recorded run on the teaching pages (Tiled attention, Masks, Numerics, Stacked single
+heads): the few rows each page's text discusses, with sentences written from the numbers (the whole run: Benchmarks).
 """
 
 from attention.bench.core import usable
@@ -9,8 +7,9 @@ from attention.bench.results import RESULTS_DIR, find_results, is_stale, load_re
 from attention.causal.tiled import TiledAttention
 from attention.report import prose
 from attention.report.block_sparse import crossover_table, crossovers, plot_block_sparse
-from attention.report.format import MODE_TITLES, device_label, mebibytes, nested, number, short_cpu, table, title_suffix
-from attention.report.sequence import memory_slopes, plot_memory_vs_seq_len, shape_rows, sweep_rows, tied
+from attention.report.format import (MODE_TITLES, mebibytes, nested, number, run_device, run_line, table,
+                                     title_suffix)
+from attention.report.sequence import memory_slopes, plot_memory_vs_seq_len, shape_rows, sweep_rows, sweep_table, tied
 
 CLASSES = ("split_heads", "tiled", "sdpa_causal")  # drawn and tabled, in this order
 
@@ -21,20 +20,6 @@ def recorded(folder="long", device_type="cpu", dtype="float32"):
         if (result := load_result(path))["dtype"] == dtype and not (result.get("config") or {}).get("compile"):
             return path.relative_to(RESULTS_DIR.parents[1]).as_posix(), result
     raise FileNotFoundError(f"no recorded {device_type} {dtype} run in docs/results/{folder}")
-
-
-def run_device(result):
-    """The run's device as a reader knows it; a run from before CPU flags were kept says so, not "flags unknown"."""
-    device = result["provenance"]["device"]
-    if device["type"] == "cpu" and device.get("cpu_flags") is None:
-        return f"{short_cpu(device['cpu'])} (recorded before CPU flags were kept)"
-    return device_label(device)
-
-
-def run_line(path, result):
-    """A recorded run in one line: its file (marked stale where the code changed since), device, dtype and date."""
-    return (f"{prose.file_label(path, is_stale(result))}: {run_device(result)}, {result['dtype']}, recorded "
-            f"{result['provenance']['date_utc'][:10]}")
 
 
 def device_titled(fig, result):
@@ -88,8 +73,7 @@ def tiled_section(path, result):
     if compiled:
         run = load_result(compiled[0])
         times = {title: tuple(next(r["ms_median"] for r in shape_rows(run, mode) if r["label"] == f"{label} (compiled)")
-                              for label in ("tiled", "sdpa_causal"))
-                 for mode, title in (("forward", "forward"), ("forward_backward", "forward + backward"))}
+                              for label in ("tiled", "sdpa_causal")) for mode, title in MODE_TITLES.items()}
         parts.append(prose.compiled_sentence(prose.file_label(compiled[0].name, is_stale(run)), run["config"]["seq_len"],
                                              times))
     return "\n\n".join(parts)
@@ -178,9 +162,7 @@ def memory_section(path, result, labels=("split_heads", "stacked_heads", "sdpa_c
     lengths = sorted({t for _, t in rows})
     parts = [f"From the recorded run {run_line(path, result)}; forward, batch {config['sweep_batch']}, d_model "
              f"{config['d_model']}, {heads} heads, peak MiB of one call:",
-             table(["class"] + [f"T={t:,}" for t in lengths], [[f"`{label}`"] + [
-                 mebibytes(rows[label, t]["peak_memory_bytes"]) if (label, t) in rows else "—" for t in lengths]
-                 for label in labels])]
+             sweep_table(result, "forward", "peak_memory_bytes", labels)]
     longest, half = lengths[-1], lengths[-1] // 2
     if all((label, t) in rows for label in ("split_heads", "sdpa_causal") for t in (half, longest)):
         naive, fused = (rows[label, longest]["peak_memory_bytes"] for label in ("split_heads", "sdpa_causal"))

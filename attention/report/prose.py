@@ -1,14 +1,6 @@
-"""Sentences that read measured numbers, written from the numbers so that they stay true.
-
-The site is built on different machines (an AMD EPYC without AVX-512; Intel Xeons with and without
-AMX, whose bfloat16 matmuls run from half to over ten times their float32 speed), and a page executed
-on one of them shows that machine's measurements. A sentence about such a number cannot be fixed
-text: written on one machine, it says the opposite of the table beside it on another. Each function
-here takes the numbers and returns the sentence, its wording following the comparison; the pages call
-them, and tests/test_prose.py builds every sentence from two recorded hosts' numbers.
-
-A claim about a recorded run names the run (its results file), so it stays true of that run wherever
-the page is built. Presentation only: nothing here runs while a benchmark measures.
+"""Sentences that read measured numbers, written from the numbers so that they stay true on whichever machine builds
+the page (tests/test_prose.py builds each from two recorded hosts' numbers). A claim about a recorded run names the run
+(its results file). Presentation only: nothing here runs while a benchmark measures.
 """
 
 import math
@@ -44,31 +36,17 @@ def file_label(name, stale):
 # --- The benchmark page: bfloat16 on a CPU ---------------------------------------------------------------
 
 
-def has_amx(flags):
-    """True, False, or None where the flags were not recorded."""
-    return None if flags is None else "amx_bf16" in flags
-
-
-def bf16_instructions(flags):
-    """What a CPU multiplies bfloat16 numbers with, from its flags (`attention.machine.cpu_flags`)."""
-    if flags is None:
-        return "whose instruction-set flags were not recorded"
-    if "amx_bf16" in flags:
-        return "with AMX, tile units that multiply bfloat16 matrices"
-    if "avx512_bf16" in flags:
-        return "with AVX-512 BF16 (bfloat16 dot products in vector registers) but no AMX"
-    return "with neither AMX nor AVX-512 BF16, so no instruction multiplies bfloat16 numbers: they are widened to float32 first"
-
-
-def bf16_matmul_sentence(who, cpu_name, flags, fp32_tflops, bf16_tflops):
-    """One CPU's bfloat16 matmul rate against its float32 one, explained by its flags.
-
-    `who`: what measured it, e.g. "This build's CPU" or "The recorded runs' CPU".
-    """
+def bf16_matmul_sentence(cpu_name, flags, fp32_tflops, bf16_tflops):
+    """The build's CPU's bfloat16 matmul rate against its float32 one, explained by its flags (`machine.cpu_flags`)."""
     kind, ratio = ratio_words(bf16_tflops, fp32_tflops, within=0.05)
     verdict = {"about the same": "about as fast as", "more": f"{times(ratio)} faster than",
                "less": f"at {times(ratio)} the speed of"}[kind]
-    return (f"{who}, {cpu_name}, is a CPU {bf16_instructions(flags)}. Its bfloat16 matmul ran {verdict} its float32 "
+    instructions = ("whose instruction-set flags were not recorded" if flags is None else
+                    "with AMX, tile units that multiply bfloat16 matrices" if "amx_bf16" in flags else
+                    "with AVX-512 BF16 (bfloat16 dot products in vector registers) but no AMX" if "avx512_bf16" in flags
+                    else "with neither AMX nor AVX-512 BF16, so no instruction multiplies bfloat16 numbers: they are "
+                         "widened to float32 first")
+    return (f"This build's CPU, {cpu_name}, is a CPU {instructions}. Its bfloat16 matmul ran {verdict} its float32 "
             f"one ({bf16_tflops:.3g} against {fp32_tflops:.3g} TFLOP/s).")
 
 
@@ -97,43 +75,17 @@ def bf16_pieces_sentence(speed):
 def bf16_conclusion(projection_speed, elementwise_speed, amx):
     """What the pieces mean for whole classes on this CPU: from the projections' and the score steps'
     bfloat16 speeds (float32 ms / bfloat16 ms) and whether the CPU has AMX (True, False or None)."""
-    projections, _ = ratio_words(projection_speed, 1.0, within=0.05)
-    scores, _ = ratio_words(elementwise_speed, 1.0, within=0.05)
     why = {True: "AMX multiplies bfloat16 directly", False: "without AMX the bfloat16 matmuls are emulated",
            None: "the flags were not recorded"}[amx]
-    if projections == "less":
-        opening = (f"So on this CPU ({why}) every class pays for slower projections, and a class whose time is "
-                   "nearly all matmuls loses most")
-    elif projections == "more":
-        opening = (f"So on this CPU ({why}) every class gains from faster projections, and a class whose time is "
-                   "nearly all matmuls gains most")
-    else:
-        opening = f"So on this CPU ({why}) the projections cost about the same in both dtypes"
-    if scores == "more":
-        rest = ("; a class that spends much of its time moving the `(B, H, T, T)` scores gains from the halved "
-                "bytes too.")
-    elif scores == "less":
-        rest = "; moving the `(B, H, T, T)` scores in bfloat16 is no faster either, despite half the bytes."
-    else:
-        rest = "; moving the `(B, H, T, T)` scores takes about as long in both dtypes, despite half the bytes."
-    return opening + rest
-
-
-def bf16_classes_sentence(mode_title, groups):
-    """Recorded runs' bfloat16 speed per kind of kernel in one mode (`mode_title`, with its shape): `groups` is
-    {kind: [speed, ...]} with the kinds "fused" (SDPA or FlexAttention doing the whole call), "tiled" (tiles in
-    Python, scores never whole), "written out" (the `(B, H, T, T)` scores as tensors), each speed float32 ms /
-    bfloat16 ms."""
-    parts = []
-    for kind, what in (("fused", "on fused kernels"), ("tiled", "on tiles (`tiled`)"),
-                       ("written out", "that write out the scores")):
-        speeds = sorted(groups.get(kind, ()))
-        if not speeds:
-            continue
-        span = times(speeds[0], "×") if len(speeds) == 1 else f"{times(speeds[0], '×')} to {times(speeds[-1], '×')}"
-        count = f"the {len(speeds)} classes" if len(speeds) > 1 else "the class"
-        parts.append(f"{count} {what} at {span}")
-    return f"{mode_title[0].upper()}{mode_title[1:]}: " + ", ".join(parts) + " their float32 speed."
+    opening = {"less": "every class pays for slower projections, and a class whose time is nearly all matmuls loses most",
+               "more": "every class gains from faster projections, and a class whose time is nearly all matmuls gains "
+                       "most", "about the same": "the projections cost about the same in both dtypes"}[
+        ratio_words(projection_speed, 1.0, within=0.05)[0]]
+    rest = {"more": "a class that spends much of its time moving the `(B, H, T, T)` scores gains from the halved bytes "
+                    "too", "less": "moving the `(B, H, T, T)` scores in bfloat16 is no faster either, despite half the bytes",
+            "about the same": "moving the `(B, H, T, T)` scores takes about as long in both dtypes, despite half the "
+                              "bytes"}[ratio_words(elementwise_speed, 1.0, within=0.05)[0]]
+    return f"So on this CPU ({why}) {opening}; {rest}."
 
 
 # --- The tiled page --------------------------------------------------------------------------------------

@@ -3,10 +3,8 @@ section of the Benchmarks page (the sweep itself: `attention.bench.sweeps.ring`)
 """
 
 from attention.bench import core
-from attention.bench.results import is_stale
 from attention.bench.sweeps.ring import MODES, NAME
-from attention.report import prose
-from attention.report.format import (MODE_TITLES, device_label, mebibytes, nested, number, status_cell, table,
+from attention.report.format import (MODE_TITLES, mebibytes, nested, number, run_line, status_cell, table,
                                        title_suffix)
 
 
@@ -127,9 +125,8 @@ def page(result, images, path=None):
               if core.usable(fewest) and core.usable(most) else "")
     verdict = ("Every call matched the reference" if all(map(core.usable, checked)) else "NOT every call matched the "
                "reference") + f" (largest difference {max(row['max_abs_error'] or 0.0 for row in checked):.1e})."
-    lead = (f"From the recorded run {prose.file_label(path, is_stale(result))}: {device_label(device)}, "
-            f"{device['cpu_count']} cores, {result['dtype']}, recorded {result['provenance']['date_utc'][:10]}; "
-            f"{sizes_text(result[NAME])}:" if path else
+    lead = (f"From the recorded run {run_line(path, result)}; {device['cpu_count']} cores, {sizes_text(result[NAME])}:"
+            if path else
             f"Context-parallel (ring) attention on {sizes_text(result[NAME])} split over P local processes (gloo); each "
             "call checked against the float64 reference on the whole sequence, its time the slowest process's:")
     return "\n\n".join(part for part in (lead, ring_table(result), *images.values(), memory + verdict if path else "",

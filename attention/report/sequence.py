@@ -37,20 +37,10 @@ def kernel_kind(row, mode, device_type="cpu"):
     return "fused" if any(name not in ("n/a", "math") for name in row["sdpa_backends"] or []) else "written out"
 
 
-def matmul_share(row):
-    """The row's share of the matmul rate: the paired one where the run has it, else the run-level one."""
-    paired = row.get("share_of_paired_matmul")
-    return row.get("share_of_matmul_peak") if paired is None else paired
-
-
 def drift_free(row, key="ms_median"):
     """`row[key]` (a time) at one machine speed, times the matmul rate timed beside the row, so that rows timed minutes
     apart on a drifting machine compare as if timed together (only ratios mean something); else the time as is."""
     return row[key] * (row.get("matmul_tflops_paired") or 1.0)
-
-
-def spread(row, value):
-    return value(row, "ms_q3") - value(row, "ms_q1")
 
 
 def tied(row, other):
@@ -61,7 +51,7 @@ def tied(row, other):
     for value in (lambda r, key: r[key], drift_free):  # raw, then at one machine speed
         first, second = sorted((row, other), key=lambda r: value(r, "ms_median"))
         gap = value(second, "ms_median") - value(first, "ms_median")
-        orders.append(first is row if gap > max(spread(row, value), spread(other, value)) else None)
+        orders.append(first is row if gap > max(value(r, "ms_q3") - value(r, "ms_q1") for r in (row, other)) else None)
     return orders[0] is None or orders[0] != orders[1]
 
 
@@ -114,8 +104,9 @@ def results_table(result, mode="forward", batch=None, seq_len=None, labels=None)
     lines = table(["#", "implementation", "ms (median)", "IQR ms", "TFLOP/s", "% of matmul", "peak MiB", "SDPA backend",
                    "compile s", "correct"], [
         [index + 1 if usable(row) else "", f"`{row['label']}`", number(row["ms_median"]), number(row["ms_iqr"], 2),
-         number(row["tflops"]), percent(matmul_share(row)), mebibytes(row["peak_memory_bytes"]),
-         ", ".join(row["sdpa_backends"] or ["—"]), number(row["compile_s"], 2), verdict(row)]
+         number(row["tflops"]), percent(row.get("share_of_paired_matmul") or row.get("share_of_matmul_peak")),
+         mebibytes(row["peak_memory_bytes"]), ", ".join(row["sdpa_backends"] or ["—"]), number(row["compile_s"], 2),
+         verdict(row)]
         for index, row in enumerate(order)], "rlrrrrrlrl")
     contended = [r for r in rows if (r["cpu_utilization"] or 1.0) < metrics.CONTENDED_BELOW]
     return lines + (f"\n\nMeasured while other processes competed for the CPU (share of its threads' time this process "
@@ -124,18 +115,19 @@ def results_table(result, mode="forward", batch=None, seq_len=None, labels=None)
                     + ". These times overstate the cost." if contended else "")
 
 
-def sweep_table(result, mode="forward", metric="ms_median"):
+def sweep_table(result, mode="forward", metric="ms_median", labels=None):
     """One row field (`ms_median`, `tflops`, `share_of_paired_matmul`, `share_of_matmul_peak`, `peak_memory_bytes`
-    in MiB) per class (rows) against T (columns); a cell that is not a number says why."""
+    in MiB) per class (of `labels`, default all; rows) against T (columns); a cell that is not a number says why."""
     units = {"ms_median": ("ms", number), "peak_memory_bytes": ("MiB", mebibytes), "tflops": ("TFLOP/s", number),
              "share_of_matmul_peak": ("% of matmul", percent), "share_of_paired_matmul": ("% of paired matmul", percent)}
     if metric not in units:
         raise ValueError(f"metric must be one of {', '.join(units)}, got metric={metric!r}")
-    (unit, shown), rows = units[metric], sweep_rows(result, mode)
+    (unit, shown), rows = units[metric], [r for r in sweep_rows(result, mode) if labels is None or r["label"] in labels]
     lengths, cells = sorted({r["seq_len"] for r in rows}), {(r["label"], r["seq_len"]): r for r in rows}
+    order = dict.fromkeys(r["label"] for r in rows)
     return table([f"implementation ({unit})"] + [f"T={t}" for t in lengths],
                  [[f"`{label}`"] + [status_cell(cells.get((label, t)), lambda row: shown(row[metric])) for t in lengths]
-                  for label in dict.fromkeys(r["label"] for r in rows)])
+                  for label in (sorted(order, key=list(labels).index) if labels else order)])
 
 
 def yardstick_note(result):

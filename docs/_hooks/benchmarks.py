@@ -139,7 +139,7 @@ def images(charts):  # {kind: Markdown image} at the on-page width (the PNG hold
 
 def run_body(result, charts, heading=""):  # its sweeps' sections, then what it was measured on
     sections = [page.page(result, images(charts.get(name, {}))) for name, page in sweeps_of(result).items()]
-    return "\n\n".join([heading, report.run_line(result), *sections, report.collapsed(
+    return "\n\n".join([heading, report.run_line(None, result) + ".", *sections, report.collapsed(
         "What this run was measured on", report.provenance_summary(result), "info")]).strip()
 
 
@@ -186,7 +186,7 @@ def fastest_section(_=None):
         (f"`{path.name}`", result) for path, result in state["recorded"]]
     parts = [report.devices_line(runs)]
     for index, (name, result) in enumerate(runs):
-        body = f"{report.run_line(result)}\n\n{report.fastest_table(result)}"
+        body = f"{report.run_line(None, result)}.\n\n{report.fastest_table(result)}"
         parts.append(report.collapsed(f"{name}: {report.device_label(result['provenance']['device'])}, {result['dtype']}, "
                                f"{result['profile']} profile", body).replace("???", "???+" if index == 0 else "???", 1))
     return "\n\n".join(parts)
@@ -208,12 +208,12 @@ def dtype_section(_=None):
 def headline_charts(_=None):
     """One tab per device type with the bar chart at the headline shape (the build's run, then recorded runs)."""
     build = state["build_result"]
-    tabs = [tab("CPU, this build", NOT_MEASURED if build is None else f"{report.run_line(build)}\n\n"
+    tabs = [tab("CPU, this build", NOT_MEASURED if build is None else f"{report.run_line(None, build)}.\n\n"
                 + images(state["charts"]["build"]["sequence"])["bars"])]
     for kind, (title, _, _) in DEVICES.items():
         path, result = next(((path, result) for path, result in state["recorded"] if result["device_type"] == kind),
                             (None, None))
-        tabs += [tab(title, f"{report.run_line(result)}\n\n" + images(state["charts"][path.stem]["sequence"])["bars"])
+        tabs += [tab(title, f"{report.run_line(None, result)}.\n\n" + images(state["charts"][path.stem]["sequence"])["bars"])
                  if result else tab(title, "No recorded run yet: see [Benchmarks](benchmarks.md) for how to make one.")]
     return "\n".join(tabs) + "\nFull tables, sweeps and provenance: [Benchmarks](benchmarks.md).\n"
 

@@ -282,7 +282,7 @@ def on_page_markdown(markdown, page, config, files):
 
         source = state["source"] or repository_source(root)
         floor, pin = torch_versions(root)
-        markdown = (markdown.replace("<!-- quick-profile -->", report.quick_profile_summary())
+        markdown = (markdown.replace("<!-- quick-profile -->", report.profile_summary())
                     .replace("<!-- install-lines -->", install_lines(source))
                     .replace("<!-- torch-floor -->", floor).replace("<!-- torch-pin -->", pin))
     elif uri == "index.md":
