@@ -53,7 +53,7 @@ print(f"{config['profile']} profile: {len(result['rows'])} rows, measured in {re
 
 # %% tags=["hide-input"]
 show_markdown(f"{report.profile_summary(config)}; modes {', '.join(config['modes'])}.\n\n"
-              + report.provenance_summary(result))
+              + report.format.provenance_summary(result))
 
 # %% [markdown]
 # ## One row, as the file keeps it
@@ -66,7 +66,7 @@ show_markdown(f"{report.profile_summary(config)}; modes {', '.join(config['modes
 # matmul" in the tables: 100% would turn these FLOPs into time as fast as a large matmul does.
 
 # %%
-row = next(r for r in report.shape_rows(result, "forward") if r["label"] == "sdpa_causal")
+row = next(r for r in report.sequence.shape_rows(result, "forward") if r["label"] == "sdpa_causal")
 for field in ("mode", "batch", "seq_len", "ms_median", "ms_q1", "ms_q3", "flops", "tflops", "matmul_tflops_paired",
               "share_of_paired_matmul", "peak_memory_bytes", "sdpa_backends", "correct", "max_abs_error"):
     print(f"{field:24} {row[field]}")
@@ -87,8 +87,8 @@ kinds = ["split_heads", "sdpa_causal", "tiled", "flex"]  # one class per kind of
 
 # %% tags=["hide-input"]
 for mode in config["modes"]:
-    show_markdown(f"**{report.MODE_TITLES[mode]}**, B = {config['batch']}, T = {config['seq_len']}\n\n"
-                  + report.results_table(result, mode, labels=kinds))
+    show_markdown(f"**{report.format.MODE_TITLES[mode]}**, B = {config['batch']}, T = {config['seq_len']}\n\n"
+                  + report.sequence.results_table(result, mode, labels=kinds))
 
 # %% [markdown]
 # Which class is fastest? Rows are timed one after another, on a machine whose speed drifts, so a
@@ -98,7 +98,7 @@ for mode in config["modes"]:
 # range; otherwise the table says "a ≈ b". Every class competes here:
 
 # %% tags=["hide-input"]
-show_markdown(report.fastest_table(result))
+show_markdown(report.sequence.fastest_table(result))
 
 # %% [markdown]
 # ## Against sequence length
@@ -109,15 +109,15 @@ show_markdown(report.fastest_table(result))
 # memory like T. The growth from the two longest lengths, read from the rows:
 
 # %%
-peaks = {(r["label"], r["seq_len"]): r["peak_memory_bytes"] for r in report.sweep_rows(result, "forward")
+peaks = {(r["label"], r["seq_len"]): r["peak_memory_bytes"] for r in report.sequence.sweep_rows(result, "forward")
          if r["status"] == "ok"}
 shorter, longest = config["seq_lens"][-2:]
 growth = {label: (peaks[label, shorter], peaks[label, longest]) for label in kinds
           if (label, shorter) in peaks and (label, longest) in peaks}
 
 # %% tags=["hide-input"]
-show(report.plot_time_vs_seq_len(result, "forward"))
-show(report.plot_memory_vs_seq_len(result, "forward"))
+show(report.sequence.plot_time_vs_seq_len(result, "forward"))
+show(report.sequence.plot_memory_vs_seq_len(result, "forward"))
 show_markdown(prose.memory_growth_sentence("this run", shorter, longest, growth))
 
 # %% [markdown]
@@ -135,7 +135,7 @@ repeats = ["cpu-intel-xeon-2c-float32-run1.json", "cpu-intel-xeon-2c-float32-rep
 first, second = (report.load_result(report.RESULTS_DIR / "repeats" / name) for name in repeats)
 
 # %% tags=["hide-input"]
-show_markdown(report.share_stability_section(first, second, repeats, kinds))
+show_markdown(report.compare.share_stability_section(first, second, repeats, kinds))
 
 # %% [markdown]
 # Each row's time is measured once per run, so a class whose own time moved between runs (other
@@ -186,7 +186,7 @@ for dtype in (torch.float32, torch.bfloat16):
         ms.setdefault(piece, []).append(time_ms(call))
 
 # %% tags=["hide-input"]
-show_markdown(report.bf16_pieces_section(ms, MATMUL_SIZE, cpu_name(), cpu_flags()))
+show_markdown(report.compare.bf16_pieces_section(ms, MATMUL_SIZE, cpu_name(), cpu_flags()))
 
 # %% [markdown]
 # The recorded runs, measured on another CPU, compare every class in both dtypes on the

@@ -253,8 +253,8 @@ print(f"max |ours with the folded bias - labml-like| = {difference:.1e}")
 from attention import report
 
 result = report.load_result(report.RESULTS_DIR / "cpu-intel-xeon-2c-float32.json")
-sweep = {(r["implementation"], r["mode"], r["seq_len"]): r["ms_median"] for r in report.sweep_rows(result, "forward")
-         if not r["compiled"] and r["status"] == "ok"}
+sweep = {(r["implementation"], r["mode"], r["seq_len"]): r["ms_median"]
+         for r in report.sequence.sweep_rows(result, "forward") if not r["compiled"] and r["status"] == "ok"}
 lengths = [t for t in result["config"]["seq_lens"] if all((name, "forward", t) in sweep for name in ("split_heads", "einsum", "seq_first"))]
 ratios = {name: [sweep[(name, "forward", t)] / sweep[("split_heads", "forward", t)] for t in lengths] for name in ("einsum", "seq_first")}
 show_markdown(

@@ -119,7 +119,7 @@ def test_planted_wrong_implementation_is_flagged_and_unranked(planted):
     for ranking in planted["rankings"]:
         assert ranking["order"] == ["split_heads"] and ranking["fastest"] == "split_heads"
         assert ranking["excluded"]["wrong_softmax"].startswith("incorrect")
-    wrong_line = next(line for line in report.results_table(planted).splitlines() if "wrong_softmax" in line)
+    wrong_line = next(line for line in report.sequence.results_table(planted).splitlines() if "wrong_softmax" in line)
     assert wrong_line.startswith("|  |") and "**no**" in wrong_line
     # A class that is not registered is not publishable: the validator names it.
     assert any("rows[2].implementation: 'wrong_softmax' is not one of" in p for p in report.validate_result(planted))
@@ -409,44 +409,44 @@ def test_the_quick_profile_makes_the_tables_it_made_before():
     the columns and the rows of the tables the code before the rebuild printed from the same inputs."""
     quick = run_benchmark(profiles.quick_config(**TINY, seq_len=16, seq_lens=(8, 16),
                                                 implementations=BEFORE["implementations"]), progress=False)
-    assert structure(report.markdown_tables(quick)) == BEFORE["quick"]["markdown_tables"]
-    assert structure(report.markdown_tables(quick, include_sweep=True)) == BEFORE["quick"]["markdown_tables_sweep"]
-    assert structure(report.fastest_table(quick)) == BEFORE["quick"]["fastest_table"]
+    assert structure(report.sequence.markdown_tables(quick)) == BEFORE["quick"]["markdown_tables"]
+    assert structure(report.sequence.markdown_tables(quick, include_sweep=True)) == BEFORE["quick"]["markdown_tables_sweep"]
+    assert structure(report.sequence.fastest_table(quick)) == BEFORE["quick"]["fastest_table"]
     assert report.validate_result(quick) == []
 
 
 def test_staleness(result):
     edited = copy.deepcopy(result)
     assert not report.is_stale(edited) and report.changed_sources(edited) == []
-    assert "Current" in report.provenance_summary(edited)
+    assert "Current" in report.format.provenance_summary(edited)
     edited["provenance"]["source_hash"] = "0" * 64
     edited["provenance"]["source_files"]["attention/causal/flex.py"] = "0" * 64
     assert report.is_stale(edited) and report.changed_sources(edited) == ["attention/causal/flex.py"]
-    assert "Stale" in report.provenance_summary(edited)
+    assert "Stale" in report.format.provenance_summary(edited)
 
 
 def test_renderer_tables_and_charts(result, tmp_path):
-    tables = report.markdown_tables(result, include_sweep=True)
+    tables = report.sequence.markdown_tables(result, include_sweep=True)
     assert tables.count("| # | implementation |") == 2 and "T=8" in tables and "`split_heads`" in tables
-    summary = report.provenance_summary(result)
+    summary = report.format.provenance_summary(result)
     assert "torch " + torch.__version__ in summary and result["provenance"]["command"] in summary
-    assert "MiB" in report.sweep_table(result, "forward", "peak_memory_bytes")
+    assert "MiB" in report.sequence.sweep_table(result, "forward", "peak_memory_bytes")
     with pytest.raises(ValueError, match="metric"):
-        report.sweep_table(result, "forward", "median")
+        report.sequence.sweep_table(result, "forward", "median")
     path = tmp_path / "cpu-tiny.json"
     path.write_text(json.dumps(result))
     assert report.find_results(tmp_path, device_type="cpu") == [path] and report.find_results(tmp_path, "cuda") == []
     assert report.load_result(path) == result  # nothing in it to escape
     matplotlib = pytest.importorskip("matplotlib")
-    for figure in (report.plot_bars(result), report.plot_time_vs_seq_len(result, "forward"),
-                   report.plot_memory_vs_seq_len(result, "forward_backward")):
+    for figure in (report.sequence.plot_bars(result), report.sequence.plot_time_vs_seq_len(result, "forward"),
+                   report.sequence.plot_memory_vs_seq_len(result, "forward_backward")):
         assert isinstance(figure, matplotlib.figure.Figure)
         assert all(ax.get_title() or figure._suptitle for ax in figure.axes)
-    bars = report.plot_bars(result)
+    bars = report.sequence.plot_bars(result)
     for ax in bars.axes:  # one bar per measured row of the headline shape, each as long as its median
         mode = {"forward": "forward", "forward + backward": "forward_backward"}[ax.get_title().split(",")[0]]
         assert sorted(p.get_width() for p in ax.patches) == pytest.approx(
-            sorted(r["ms_median"] for r in report.shape_rows(result, mode)))
+            sorted(r["ms_median"] for r in report.sequence.shape_rows(result, mode)))
 
 
 def test_sweep_charts_name_four_kinds_of_kernel_and_grey_the_rest(result):
@@ -455,7 +455,7 @@ def test_sweep_charts_name_four_kinds_of_kernel_and_grey_the_rest(result):
     crowded = copy.deepcopy(result)
     crowded["rows"] += [dict(row, label=name, implementation=name) for name in ("einsum", "rope", "alibi")
                         for row in result["rows"] if row["implementation"] == "split_heads"]
-    ax = report.plot_time_vs_seq_len(crowded).axes[0]
+    ax = report.sequence.plot_time_vs_seq_len(crowded).axes[0]
     legend = [text.get_text() for text in ax.get_legend().get_texts()]
     assert legend[:2] == ["naive: (B, H, T, T) scores (split_heads)", "SDPA, fused (sdpa_causal)"]
     assert "other classes (see the tables)" in legend and len(legend) == 4  # + the O(T²) guide
@@ -486,7 +486,7 @@ def test_help_gives_profiles_run_times_names_and_examples(capsys):
     assert f"run times of the runs recorded in docs/results/: {durations}" in text
     for path in report.find_results():
         recorded = report.load_result(path)
-        assert f"{recorded['provenance']['duration_s'] / 60:.0f} min ({report.device_label(recorded['provenance']['device'])}" in durations
+        assert f"{recorded['provenance']['duration_s'] / 60:.0f} min ({report.format.device_label(recorded['provenance']['device'])}" in durations
 
 
 def test_recorded_results_are_valid_readable_and_named_after_their_device():
@@ -497,7 +497,7 @@ def test_recorded_results_are_valid_readable_and_named_after_their_device():
         assert checked["problems"] == [], checked["problems"]
         assert path.name.startswith(checked["result"]["device_type"] + "-")
     for path in report.find_results():
-        assert report.markdown_tables(report.load_result(path))
+        assert report.sequence.markdown_tables(report.load_result(path))
 
 
 def test_the_schema_page_lists_every_sweeps_row_fields():
@@ -561,41 +561,41 @@ def test_ties_compare_rows_at_one_machine_speed():
     """`a` timed while the machine ran at half speed (its paired matmul too) is as fast as `b`: tied, though
     their raw IQRs are far apart; and rows apart by more than their IQRs, raw and corrected alike, are not tied."""
     a, b = timed("a", 2.0, 0.1, paired=0.5), timed("b", 1.0, 0.1, paired=1.0)
-    assert report.tied(a, b) and not (a["ms_q1"] <= b["ms_q3"])
+    assert report.sequence.tied(a, b) and not (a["ms_q1"] <= b["ms_q3"])
     c = timed("c", 1.5, 0.1, paired=1.0)
-    assert not report.tied(c, b) and report.slower_by(c, b) == "+50%"
+    assert not report.sequence.tied(c, b) and report.sequence.slower_by(c, b) == "+50%"
     d = timed("d", 1.2, 0.1, paired=0.5)  # faster than b only once its slow machine is taken into account
-    entry = report.fastest({"rows": [b, c, d]})[0]
+    entry = report.sequence.fastest({"rows": [b, c, d]})[0]
     assert entry["fastest"]["label"] == "d" and [row["label"] for row in entry["tied"]] == ["b"]
-    assert entry["next"]["label"] == "c" and report.leaders(entry) == "`d` ≈ `b` (within 67%)"
+    assert entry["next"]["label"] == "c" and report.sequence.leaders(entry) == "`d` ≈ `b` (within 67%)"
 
 
 def test_a_class_is_named_fastest_only_outside_the_tie():
     """The leader must be ahead by the raw and the corrected medians, each time by more than both rows' IQR: a gap
     inside the spread, or an order only the drift correction makes, is "a ≈ b"."""
     x, y, z = timed("x", 100.0, 2.0, paired=1.0), timed("y", 103.0, 2.0, paired=1.0), timed("z", 101.5, 2.0, paired=1.0)
-    assert not report.tied(x, y) and report.tied(x, z) and report.tied(z, x)
-    clear, close = report.fastest({"rows": [y, x]})[0], report.fastest({"rows": [y, z, x]})[0]
-    assert report.leaders(clear) == "`x`" and report.fastest_cell(clear) == "`x`: 100 ms; next `y` +3%"
-    assert report.leaders(close) == "`x` ≈ `z` (within 2%)" and report.fastest_cell(close).startswith(
+    assert not report.sequence.tied(x, y) and report.sequence.tied(x, z) and report.sequence.tied(z, x)
+    clear, close = report.sequence.fastest({"rows": [y, x]})[0], report.sequence.fastest({"rows": [y, z, x]})[0]
+    assert report.sequence.leaders(clear) == "`x`" and report.sequence.fastest_cell(clear) == "`x`: 100 ms; next `y` +3%"
+    assert report.sequence.leaders(close) == "`x` ≈ `z` (within 2%)" and report.sequence.fastest_cell(close).startswith(
         "`x` ≈ `z` (within 2%): 100–102 ms; next `y`")
     # Apart by more than the spreads once corrected, but in the other order by the raw medians: a tie.
     slow_machine = timed("w", 101.0, 0.1, paired=0.9)
-    assert report.tied(slow_machine, timed("v", 100.0, 0.1, paired=1.0))
+    assert report.sequence.tied(slow_machine, timed("v", 100.0, 0.1, paired=1.0))
 
 
 def test_the_recorded_within_noise_order_is_not_called_fastest():
     """The AMD float32 run's forward at B = 8: `flex` leads only after the drift correction (304 ms against
     `sdpa_causal`'s 298 by the raw medians), so the page says they are tied instead of naming `flex`."""
     run = report.load_result(report.RESULTS_DIR / "cpu-amd-epyc-2c-float32.json")
-    entry = next(e for e in report.fastest(run) if (e["mode"], e["batch"], e["seq_len"], e["compiled"]) ==
+    entry = next(e for e in report.sequence.fastest(run) if (e["mode"], e["batch"], e["seq_len"], e["compiled"]) ==
                  ("forward", 8, 1024, False))
     assert entry["fastest"]["label"] == "flex" and "sdpa_causal" in [row["label"] for row in entry["tied"]]
-    assert report.leaders(entry).startswith("`flex` ≈ ") and "`sdpa_causal`" in report.leaders(entry)
+    assert report.sequence.leaders(entry).startswith("`flex` ≈ ") and "`sdpa_causal`" in report.sequence.leaders(entry)
 
 
 def test_fastest_table_orders_shapes_by_batch_then_length(result):
-    lines = report.fastest_table(result).splitlines()[2:]
+    lines = report.sequence.fastest_table(result).splitlines()[2:]
     assert [tuple(int(cell) for cell in line.split("|")[1:3]) for line in lines] == [(1, 8), (1, 16), (2, 16)]
 
 
@@ -687,15 +687,15 @@ def test_fastest_leaves_out_rows_with_fewer_kv_heads(result):
         "ms_median", "ms_q1", "ms_q3", "ms_min", "ms_max")}) for row in result["rows"] if row["label"] == "sdpa_causal"]
     grouped["rows"] += extra
     assert extra and all(report.sequence.fewer_kv_heads(row) for row in extra)
-    assert [e["fastest"]["label"] for e in report.fastest(grouped)] == [e["fastest"]["label"] for e in report.fastest(result)]
-    assert "`gqa`" not in report.fastest_table(grouped)
+    assert [e["fastest"]["label"] for e in report.sequence.fastest(grouped)] == [e["fastest"]["label"] for e in report.sequence.fastest(result)]
+    assert "`gqa`" not in report.sequence.fastest_table(grouped)
 
 
 def test_share_stability_compares_two_runs(result):
-    same = report.share_stability_section(result, result, ["a", "b"], ["split_heads", "sdpa_causal"])
+    same = report.compare.share_stability_section(result, result, ["a", "b"], ["split_heads", "sdpa_causal"])
     assert "moved by at most 0 points" in same and all(line.endswith("| 0.0 |") for line in same.splitlines()
                                                        if line.startswith("| forward"))
-    slower = report.share_stability_section(result, slowed(result, "split_heads", 2.0), ["a", "b"], ["split_heads"])
+    slower = report.compare.share_stability_section(result, slowed(result, "split_heads", 2.0), ["a", "b"], ["split_heads"])
     row = next(line for line in slower.splitlines() if line.startswith("| forward | `split_heads`"))
     run_1, run_2 = (int(cell.strip().rstrip("%")) for cell in row.split("|")[3:5])
     assert run_2 == pytest.approx(run_1 / 2, abs=1)
@@ -879,7 +879,7 @@ def test_rows_carry_the_paired_yardstick(result):
     assert all(r["share_of_paired_matmul"] == pytest.approx(r["tflops"] / r["matmul_tflops_paired"]) for r in measured)
     paired = result["matmul_peak"]["paired"]
     assert paired["rows"] == len(measured) and paired["lowest_tflops"] <= paired["median_tflops"] <= paired["highest_tflops"]
-    assert "timed in blocks interleaved with the row's own" in report.markdown_tables(result)
+    assert "timed in blocks interleaved with the row's own" in report.sequence.markdown_tables(result)
 
 
 def test_bfloat16_runs_on_cpu_against_its_own_yardstick_and_tolerance():
@@ -927,9 +927,9 @@ def test_cpu_flags_and_their_label(tmp_path):
     assert cpu_features_label(["avx2", "fma"]) == "AVX2" and cpu_features_label([]) == "no AVX2"
     assert cpu_features_label(None) == "flags unknown" and cpu_flags(tmp_path / "missing") is None
     device = {"type": "cpu", "name": "x", "cpu": "AMD EPYC 7R13 Processor", "cpu_flags": ["avx2", "fma"]}
-    assert report.device_label(device) == "EPYC 7R13, AVX2"
-    assert report.device_label(device | {"cpu": "Intel(R) Xeon(R) Processor", "cpu_flags": flags}) == "Xeon, AMX"
-    assert report.device_label({"type": "cuda", "name": "NVIDIA H100 80GB HBM3"}) == "NVIDIA H100 80GB HBM3"
+    assert report.format.device_label(device) == "EPYC 7R13, AVX2"
+    assert report.format.device_label(device | {"cpu": "Intel(R) Xeon(R) Processor", "cpu_flags": flags}) == "Xeon, AMX"
+    assert report.format.device_label({"type": "cuda", "name": "NVIDIA H100 80GB HBM3"}) == "NVIDIA H100 80GB HBM3"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -939,26 +939,26 @@ def test_cpu_flags_and_their_label(tmp_path):
 def test_the_pieces_section_reads_the_times_it_is_given():
     amd_like = {"matmul": (8.0, 25.0), "projections": (30.0, 90.0), "sdpa": (40.0, 45.0), "scores": (20.0, 40.0),
                 "mask": (16.0, 10.0), "softmax": (26.0, 20.0), "weights_v": (20.0, 50.0)}
-    section = report.bf16_pieces_section(amd_like, 1024, "AMD EPYC", ["avx2", "fma"])
+    section = report.compare.bf16_pieces_section(amd_like, 1024, "AMD EPYC", ["avx2", "fma"])
     assert "| the projections: `(B·T, C) @ (C, 3C)` | 30.0 | 90.0 | 0.33× |" in section
     assert "at 0.32x the speed of its float32 one (0.0859 against 0.268 TFLOP/s)" in section  # 2·1024³ FLOPs
     assert "pays for slower projections" in section and "1.6× (faster) (the mask)" in section
     amx_like = {piece: (fp32, fp32 / 8 if piece in ("matmul", "projections") else fp32) for piece, (fp32, _) in
                 amd_like.items()}
-    section = report.bf16_pieces_section(amx_like, 1024, "Intel Xeon", ["amx_bf16", "amx_tile"])
+    section = report.compare.bf16_pieces_section(amx_like, 1024, "Intel Xeon", ["amx_bf16", "amx_tile"])
     assert "8.0x faster than its float32 one" in section and "gains from faster projections" in section
 
 
 def test_the_stability_section_needs_one_source_and_shows_the_classes_asked_for(result):
     slower = slowed(result, "split_heads", 2.0)
-    section = report.share_stability_section(result, slower, ["a.json", "b.json"], ["sdpa_causal"])
+    section = report.compare.share_stability_section(result, slower, ["a.json", "b.json"], ["sdpa_causal"])
     table_rows = [line for line in section.splitlines() if line.startswith("| ") and "implementation" not in line]
     assert [row.split(" | ")[1].split(" ")[0] for row in table_rows] == ["`sdpa_causal`"] * 2  # one per mode
     assert "over all 2 classes, a class's share moved by at most" in section and "- `a.json`:" in section
     other = copy.deepcopy(slower)
     other["provenance"]["source_hash"] = "f" * 64
     with pytest.raises(ValueError, match="same sources, got a.json and b.json"):
-        report.share_stability_section(result, other, ["a.json", "b.json"], ["sdpa_causal"])
+        report.compare.share_stability_section(result, other, ["a.json", "b.json"], ["sdpa_causal"])
 
 
 def test_the_long_profile_leads_with_the_longest_length_every_class_measured():
@@ -969,7 +969,7 @@ def test_the_long_profile_leads_with_the_longest_length_every_class_measured():
     assert report.sequence.page_shape(run) == (1, 8192)
     section = report.sequence.page(run, {})
     assert "**forward, float32, B=1, T=8192," in section and "B=1, T=128," not in section
-    assert [ax.get_title() for ax in report.plot_bars(run).axes] == ["forward, B=1, T=8192",
+    assert [ax.get_title() for ax in report.sequence.plot_bars(run).axes] == ["forward, B=1, T=8192",
                                                                      "forward + backward, B=1, T=8192"]
     default = report.load_result(report.RESULTS_DIR / "cpu-amd-epyc-2c-float32.json")
     assert report.sequence.page_shape(default) == (8, 1024)  # a headline outside the sweep stays
@@ -977,11 +977,11 @@ def test_the_long_profile_leads_with_the_longest_length_every_class_measured():
 
 def test_block_sparsity_puts_the_speed_up_second_and_sets_causal_beside_is_causal():
     run = report.load_result(report.RESULTS_DIR / "long" / "cpu-intel-xeon-2c-float32-long.json")
-    assert report.crossover_table(run).splitlines()[0].startswith("| pattern | speed-up | at T |")
-    assert report.block_sparse_table(run, "causal").splitlines()[2].startswith("| T | speed-up |")
-    sdpa = next(r for r in report.sweep_rows(run, "forward") if r["label"] == "sdpa_causal" and r["seq_len"] == 16384)
+    assert report.block_sparse.crossover_table(run).splitlines()[0].startswith("| pattern | speed-up | at T |")
+    assert report.block_sparse.block_sparse_table(run, "causal").splitlines()[2].startswith("| T | speed-up |")
+    sdpa = next(r for r in report.sequence.sweep_rows(run, "forward") if r["label"] == "sdpa_causal" and r["seq_len"] == 16384)
     note = report.block_sparse.causal_note(run)
-    assert f"`sdpa_causal` (`is_causal=True`" in note and f"takes {report.number(sdpa['ms_median'])} ms at T=16384" in note
+    assert f"`sdpa_causal` (`is_causal=True`" in note and f"takes {report.format.number(sdpa['ms_median'])} ms at T=16384" in note
 
 
 def test_decode_charts_are_small_multiples_of_one_model_each():
@@ -989,13 +989,13 @@ def test_decode_charts_are_small_multiples_of_one_model_each():
     (the same in every panel) and a line style per batch."""
     run = report.load_result(report.RESULTS_DIR / "decode" / "cpu-amd-epyc-2c-float32-decode.json")
     models = list(dict.fromkeys(row["model"] for row in run["decode"]["rows"]))
-    figure = report.plot_decode(run)
+    figure = report.decode.plot_decode(run)
     panels = [ax for ax in figure.axes if ax.get_visible()]
     assert [ax.get_title().split(" (")[0] for ax in panels] == models
     colours = {}
     for ax, model in zip(panels, models):
-        kernels = {row["kernel"] for row in report.decode_rows(run, model=model)}
-        batches = {row["batch"] for row in report.decode_rows(run, model=model)}
+        kernels = {row["kernel"] for row in report.decode.decode_rows(run, model=model)}
+        batches = {row["batch"] for row in report.decode.decode_rows(run, model=model)}
         assert len(ax.get_lines()) == len(kernels) * len(batches), model
         for line in ax.get_lines():
             colours.setdefault(line.get_color(), set()).add(model)
@@ -1005,10 +1005,10 @@ def test_decode_charts_are_small_multiples_of_one_model_each():
 
 def test_the_decode_summary_fits_a_column_the_cache_per_token_in_the_label():
     run = report.load_result(report.RESULTS_DIR / "decode" / "cpu-amd-epyc-2c-float32-decode.json")
-    summary = report.decode_summary_table(run, contexts=[16384, 32768])
+    summary = report.decode.decode_summary_table(run, contexts=[16384, 32768])
     header, _, *lines = summary.splitlines()
     assert header == "| Model (K/V heads, cache) kernel | B=1, 16,384 | B=1, 32,768 | B=8, 16,384 | B=8, 32,768 |"
-    gqa = report.decode_best(run, "GQA", 1, 32768)
+    gqa = report.decode.decode_best(run, "GQA", 1, 32768)
     assert lines[1].startswith(f"| GQA (4 K/V, 4 KiB per token) `{gqa['kernel']}` |")
     assert lines[1].split(" | ")[2] == f"{gqa['tokens_per_s']:,.0f} · {gqa['share_of_peak_bandwidth']:.0%}"
 
@@ -1025,6 +1025,6 @@ def test_each_recorded_run_of_a_profile_is_a_tab_and_the_site_size_is_not_on_the
                                                    "long/cpu-b-long.json": as_device(result, "cpu", "Other CPU")})
     section = hook.runs_section("long")
     assert sorted(re.findall(r'^=== "([^"]+)"', section, flags=re.MULTILINE)) == sorted([
-        f"{report.device_label(result['provenance']['device'])}, float32", "Test Host, AVX2, float32"])
+        f"{report.format.device_label(result['provenance']['device'])}, float32", "Test Host, AVX2, float32"])
     assert "site-size" not in (ROOT / "docs" / "benchmarks.md").read_text()
     assert "<!-- site-size -->" in (ROOT / "docs" / "contributing.md").read_text()

@@ -96,7 +96,7 @@ def test_long_profile_runs_on_cuda():
     result = core.run(plan, "cuda", progress=False)
     assert report.validate_result(result) == []
     assert all(r["status"] == "ok" and r["correct"] is True for r in result["rows"])
-    sparse = report.block_sparse_rows(result)
+    sparse = report.block_sparse.block_sparse_rows(result)
     assert len(sparse) == 4 * 2 * 2 and all(r["status"] == "ok" and r["correct"] is True for r in sparse)
 
 

@@ -154,11 +154,11 @@ def test_decode_bytes_and_flops_follow_from_the_shapes(decode_result):
 
 def test_the_decode_profile_makes_the_tables_it_made_before(decode_result):
     before = BEFORE["decode"]
-    assert structure(report.decode_table(decode_result, 1)) == before["decode_table_1"]
-    assert structure(report.decode_table(decode_result, 2)) == before["decode_table_2"]
+    assert structure(report.decode.decode_table(decode_result, 1)) == before["decode_table_1"]
+    assert structure(report.decode.decode_table(decode_result, 2)) == before["decode_table_2"]
     # Issue 45 made the summary fit a column: a row per model (K/V heads and cache per token in its label), a column per
     # batch size and context, where it had a row per batch and model.
-    summary = report.decode_summary_table(decode_result).splitlines()
+    summary = report.decode.decode_summary_table(decode_result).splitlines()
     (batches, models), contexts = ({row.split(" | ")[i] for row in before["decode_summary_table"][0]["rows"]}
                                    for i in (0, 1)), before["decode_summary_table"][0]["header"][4:]
     assert sorted(line.split(" | ")[0].lstrip("| ").split(" (")[0] for line in summary[2:]) == sorted(models)
@@ -175,11 +175,11 @@ def test_the_validator_recomputes_each_derived_number(decode_result, field):
 
 
 def test_decode_tables_and_figures_show_every_measurement(decode_result):
-    assert report.decode_table(decode_result, 2).count(" · ") == 3 * 2 * 2  # tokens/s · share, per model, kernel, context
-    summary = report.decode_summary_table(decode_result)
+    assert report.decode.decode_table(decode_result, 2).count(" · ") == 3 * 2 * 2  # tokens/s · share, per model, kernel, context
+    summary = report.decode.decode_summary_table(decode_result)
     assert summary.count(" · ") == 2 * 3 * 2 and "KiB" in summary
     for metric in ("tokens_per_s", "share_of_peak_bandwidth", "share_of_paired_bandwidth"):
-        fig = report.plot_decode(decode_result, metric)
+        fig = report.decode.plot_decode(decode_result, metric)
         assert isinstance(fig, Figure) and sum(len(ax.lines) for ax in fig.axes) == 2 * 3 * 2
     assert "Bandwidth ceiling of this run" in report.decode.tables(decode_result)
 
@@ -191,7 +191,7 @@ def test_the_summary_shows_a_cache_of_less_than_a_kibibyte_per_token(decode_resu
     models = list(dict.fromkeys(row["model"] for row in rows))
     for row in rows:
         row["cache_bytes_per_token"] = {models[0]: 512, models[1]: 1152}.get(row["model"], row["cache_bytes_per_token"])
-    labels = [line.split("|")[1].strip() for line in report.decode_summary_table(sized).splitlines()[2:]]
+    labels = [line.split("|")[1].strip() for line in report.decode.decode_summary_table(sized).splitlines()[2:]]
     assert ", 0.5 KiB per token)" in labels[0] and ", 1.125 KiB per token)" in labels[1]
 
 

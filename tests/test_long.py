@@ -38,7 +38,7 @@ def test_long_profile_settings():
 def test_long_run_checks_every_row_and_counts_blocks(long_result):
     assert long_result["complete"] and report.validate_result(long_result) == []
     assert all(r["status"] == "ok" and r["correct"] is True for r in long_result["rows"])
-    sparse = report.block_sparse_rows(long_result)
+    sparse = report.block_sparse.block_sparse_rows(long_result)
     assert len(sparse) == 2 * 2 * 2  # patterns x lengths x kernels
     assert all(r["status"] == "ok" and r["correct"] is True and r["max_abs_error"] < 1e-4 for r in sparse)
     by = {(r["pattern"], r["kernel"], r["seq_len"]): r for r in sparse}
@@ -56,11 +56,11 @@ def test_long_run_checks_every_row_and_counts_blocks(long_result):
 
 def test_the_long_profile_makes_the_tables_it_made_before(long_result):
     before = BEFORE["long"]
-    assert structure(report.markdown_tables(long_result, include_sweep=True)) == before["markdown_tables_sweep"]
-    assert structure(report.memory_slope_table(long_result, shortest=128)) == before["memory_slope_table"]
+    assert structure(report.sequence.markdown_tables(long_result, include_sweep=True)) == before["markdown_tables_sweep"]
+    assert structure(report.sequence.memory_slope_table(long_result, shortest=128)) == before["memory_slope_table"]
     # The block-sparse tables keep their columns and rows; issue 45 put the speed-up second (it was cut off at the right).
-    for table, name in ((report.crossover_table(long_result), "crossover_table"),
-                        (report.block_sparse_table(long_result), "block_sparse_table")):
+    for table, name in ((report.block_sparse.crossover_table(long_result), "crossover_table"),
+                        (report.block_sparse.block_sparse_table(long_result), "block_sparse_table")):
         assert [dict(t, header=sorted(t["header"])) for t in structure(table)] == [
             dict(t, header=sorted(t["header"])) for t in before[name]]
 
@@ -116,10 +116,10 @@ def _synthetic(times):
 
 
 def test_crossover_is_the_shortest_length_from_which_flex_stays_faster():
-    found = report.crossovers(_synthetic({256: (2, 1), 512: (1, 2), 1024: (3, 2), 2048: (2, 4), 4096: (2, 6)}))["p"]
+    found = report.block_sparse.crossovers(_synthetic({256: (2, 1), 512: (1, 2), 1024: (3, 2), 2048: (2, 4), 4096: (2, 6)}))["p"]
     assert found["crossover"] == 2048 and found["longest"] == 4096 and found["speedup"] == 3
-    assert report.crossovers(_synthetic({256: (1, 2), 512: (3, 2)}))["p"]["crossover"] is None
-    table = report.crossover_table(_synthetic({256: (1, 2), 512: (3, 2)}))
+    assert report.block_sparse.crossovers(_synthetic({256: (1, 2), 512: (3, 2)}))["p"]["crossover"] is None
+    table = report.block_sparse.crossover_table(_synthetic({256: (1, 2), 512: (3, 2)}))
     assert "not within the lengths measured" in table and "0.67x" in table
 
 
@@ -128,23 +128,23 @@ def test_memory_slopes_fit_the_growth():
                  peak_memory_bytes=scale * t**power)
             for name, scale, power in (("quadratic", 48, 2), ("linear", 1000, 1)) for t in (1024, 2048, 4096, 8192)]
     result = {"config": {"seq_lens": [1024, 2048, 4096, 8192], "sweep_batch": 1, "modes": ["forward"]}, "rows": rows}
-    slopes = report.memory_slopes(result, "forward", shortest=2048)
+    slopes = report.sequence.memory_slopes(result, "forward", shortest=2048)
     assert slopes["quadratic"]["lengths"] == [2048, 4096, 8192]
     assert slopes["quadratic"]["slope"] == pytest.approx(2) and slopes["linear"]["slope"] == pytest.approx(1)
-    assert "| `quadratic` | forward | 2.00 | 2048..8192 |" in report.memory_slope_table(result)
+    assert "| `quadratic` | forward | 2.00 | 2048..8192 |" in report.sequence.memory_slope_table(result)
 
 
 def test_long_renderers_fill_tables_and_figure(long_result):
-    table = report.block_sparse_table(long_result)
+    table = report.block_sparse.block_sparse_table(long_result)
     assert table.count("| 256 |") == 2 and "incorrect" not in table and "—" not in table
-    figure = report.plot_block_sparse(long_result)
+    figure = report.block_sparse.plot_block_sparse(long_result)
     visible = [ax for ax in figure.axes if ax.get_visible()]
     assert len(visible) == 2 and all(len(ax.get_lines()) >= 2 for ax in visible)
 
 
 def test_memory_guides_start_at_the_data(long_result):
     """The O(T) and O(T²) guides start at the measured values of the shortest length, not decades below them."""
-    ax = report.plot_memory_vs_seq_len(long_result, "forward").axes[0]
+    ax = report.sequence.plot_memory_vs_seq_len(long_result, "forward").axes[0]
     guides = [line for line in ax.get_lines() if line.get_label() in ("O(T)", "O(T²)")]
     data = [line.get_ydata()[0] for line in ax.get_lines() if line.get_label().endswith(")") and line not in guides
             and line.get_xdata().size]

@@ -254,7 +254,7 @@ def test_sweep_chart_guides_start_at_the_data():
 
     run = report.load_result(pathlib.Path(__file__).resolve().parents[1] / "docs" / "results" / "long"
                              / "cpu-intel-xeon-2c-float32-long.json")
-    fig = report.plot_memory_vs_seq_len(run, "forward")
+    fig = report.sequence.plot_memory_vs_seq_len(run, "forward")
     ax = fig.axes[0]
     data = [y for line in ax.lines if not line.get_label().startswith("O(") for y in line.get_ydata()]
     guides = [line for line in ax.lines if line.get_label().startswith("O(")]

@@ -31,7 +31,7 @@ def xeon_amx_run(amd_run):
     run = copy.deepcopy(amd_run)
     run["provenance"]["device"]["name"] = run["provenance"]["device"]["cpu"] = "Intel(R) Xeon(R) Platinum 8480+"
     run["provenance"]["device"]["cpu_flags"] = XEON_AMX_FLAGS
-    sdpa = {row["mode"]: row for row in report.shape_rows(run, "forward") + report.shape_rows(run, "forward_backward")
+    sdpa = {row["mode"]: row for row in report.sequence.shape_rows(run, "forward") + report.sequence.shape_rows(run, "forward_backward")
             if row["implementation"] == "sdpa_causal" and not row["compiled"]}
     for row in run["rows"]:
         if row["implementation"] == "flex" and not row["compiled"] and (row["batch"], row["seq_len"]) == (
@@ -82,7 +82,7 @@ def long_run():
 
 
 def training_times(run, label):
-    return {row["seq_len"]: row["ms_median"] for row in report.sweep_rows(run, "forward_backward")
+    return {row["seq_len"]: row["ms_median"] for row in report.sequence.sweep_rows(run, "forward_backward")
             if row["label"] == label and row["status"] == "ok"}
 
 
@@ -108,7 +108,7 @@ def test_compiled_sentence_per_mode():
 def headline_rows(run, names=("gqa", "gqa_flex", "sdpa_mask", "flex")):
     found = {}
     for mode in ("forward", "forward_backward"):
-        for row in report.shape_rows(run, mode):
+        for row in report.sequence.shape_rows(run, mode):
             if row["implementation"] in names and not row["compiled"]:
                 found.setdefault(row["implementation"], {})[mode] = (row["ms_median"], row["peak_memory_bytes"] / 2**20)
     return found
@@ -192,7 +192,7 @@ def test_decision_table_decode_and_mask_rows_name_their_devices_and_say_why(long
                                  decision.split_by_device([("cpu-amd-epyc-2c-float32-decode.json", decode)]),
                                  decision.split_by_device([("cpu-intel-xeon-2c-float32-long.json", long_run)]))
     decoding = next(line for line in table.splitlines() if line.startswith("| Decoding"))
-    best = report.decode_best(decode, "GQA", 1, 32768)
+    best = report.decode.decode_best(decode, "GQA", 1, 32768)
     assert best["kernel"] == "matmul"  # what `decode_kernel="auto"` takes on a CPU
     assert "`gqa` (its default, `decode_kernel=\"auto\"`, takes `matmul` here) on AMD EPYC, 2 cores" in decoding
     assert (f"one attention layer (32 query heads of 128, 4 K/V heads), batch 1, a 32,768-token cache: "

@@ -140,7 +140,7 @@ def main(argv=None):
     envelope = core.Envelope(plan.profile, args.device, args.dtype, argv, args.out)
     envelope.progress, envelope.force = not args.quiet, args.force
     result = envelope.run(plan)
-    print(report.provenance_summary(result))
+    print(report.format.provenance_summary(result))
     for sweep, _ in plan.sweeps:
         print("\n" + report.PAGES[sweep.NAME].tables(result))
     if args.out:

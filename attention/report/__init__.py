@@ -9,19 +9,8 @@ import dataclasses
 from attention.bench.profiles import quick_config
 from attention.bench.results import (RESULTS_DIR, all_rows, changed_sources, check_file, find_results, is_stale,  # noqa: F401
                                      load_result, validate as validate_result)
-from attention.report import block_sparse, decode, prefill, ring, sequence
-from attention.report.block_sparse import (block_sparse_rows, block_sparse_table, crossover_table,  # noqa: F401
-                                           crossovers, plot_block_sparse)
-from attention.report.compare import (bf16_pieces_section, dtype_comparison,  # noqa: F401
-                                      dtype_comparison_table, dtype_pairs, dtype_verdict,
-                                      share_stability_section)
-from attention.report.decode import decode_best, decode_rows, decode_summary_table, decode_table, plot_decode  # noqa: F401
-from attention.report.format import (MODE_TITLES, collapsed, device_label, devices_line, number,  # noqa: F401
-                                     provenance_summary, run_line, table)
-from attention.report.sequence import (fastest, fastest_cell, fastest_table, leaders, markdown_tables,  # noqa: F401
-                                       memory_slope_table, memory_slopes, plot_bars, plot_memory_vs_seq_len,
-                                       plot_time_vs_seq_len, results_table, shape_rows, slower_by, sweep_rows,
-                                       sweep_table, tied)
+from attention.report import block_sparse, compare, decode, format, prefill, ring, sequence  # noqa: F401
+from attention.report.format import device_label
 
 # sweep name (`attention.bench.SWEEPS`) -> the module that shows its results
 PAGES = {"sequence": sequence, "block_sparse": block_sparse, "decode": decode, "ring": ring, "prefill": prefill}

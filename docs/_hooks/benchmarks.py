@@ -139,8 +139,8 @@ def images(charts):  # {kind: Markdown image} at the on-page width (the PNG hold
 
 def run_body(result, charts, heading=""):  # its sweeps' sections, then what it was measured on
     sections = [page.page(result, images(charts.get(name, {}))) for name, page in sweeps_of(result).items()]
-    return "\n\n".join([heading, report.run_line(None, result) + ".", *sections, report.collapsed(
-        "What this run was measured on", report.provenance_summary(result), "info")]).strip()
+    return "\n\n".join([heading, report.format.run_line(None, result) + ".", *sections, report.format.collapsed(
+        "What this run was measured on", report.format.provenance_summary(result), "info")]).strip()
 
 
 def tab(title, body):
@@ -152,7 +152,7 @@ def runs_section(folder):  # the runs recorded in docs/results/<folder>/
     if not runs:
         return (f"No run is recorded in `docs/results/{folder}/` yet: `python -m attention.bench --profile {folder} "
                 f"--out docs/results/{folder}/<device>-{folder}-float32.json` records one.")
-    return "\n".join(tab(f"{report.device_label(result['provenance']['device'])}, {result['dtype']}", run_body(
+    return "\n".join(tab(f"{report.format.device_label(result['provenance']['device'])}, {result['dtype']}", run_body(
         result, state["charts"][slug(folder, path)], f"**`docs/results/{folder}/{path.name}`**")) for path, result in runs)
 
 
@@ -170,7 +170,7 @@ def benchmark_tabs(_=None):
                for kind in dict.fromkeys([*DEVICES, *(result["device_type"] for _, result in state["recorded"])])}
     for kind in by_type:
         title, _, command = DEVICES.get(kind, (kind.upper(), None, None))
-        bodies = [(f"{report.device_label(r['provenance']['device'])}, {r['dtype']}, {r['profile']} profile",
+        bodies = [(f"{report.format.device_label(r['provenance']['device'])}, {r['dtype']}, {r['profile']} profile",
                    run_body(r, state["charts"][path.stem], f"**`docs/results/{path.name}`**")) for path, r in by_type[kind]]
         if bodies:  # a tab per file, the only one of its device type too: each is named (device, dtype, profile)
             tabs.append(tab(title, "\n".join(tab(*body) for body in bodies)))
@@ -184,10 +184,10 @@ def benchmark_tabs(_=None):
 def fastest_section(_=None):
     runs = ([] if state["build_result"] is None else [("CPU, this build (quick)", state["build_result"])]) + [
         (f"`{path.name}`", result) for path, result in state["recorded"]]
-    parts = [report.devices_line(runs)]
+    parts = [report.format.devices_line(runs)]
     for index, (name, result) in enumerate(runs):
-        body = f"{report.run_line(None, result)}.\n\n{report.fastest_table(result)}"
-        parts.append(report.collapsed(f"{name}: {report.device_label(result['provenance']['device'])}, {result['dtype']}, "
+        body = f"{report.format.run_line(None, result)}.\n\n{report.sequence.fastest_table(result)}"
+        parts.append(report.format.collapsed(f"{name}: {report.format.device_label(result['provenance']['device'])}, {result['dtype']}, "
                                f"{result['profile']} profile", body).replace("???", "???+" if index == 0 else "???", 1))
     return "\n\n".join(parts)
 
@@ -195,11 +195,11 @@ def fastest_section(_=None):
 def dtype_section(_=None):
     """bfloat16 against float32 for every device (by identity) with recorded runs of one profile in both dtypes: what
     changed, per mode, in words; the table per class collapsed."""
-    parts = [part for fp32, bf16 in report.dtype_pairs(state["recorded"]) for part in [
-        f"**{report.device_label(fp32['provenance']['device'])}** ({fp32['profile']} profile; float32 recorded "
+    parts = [part for fp32, bf16 in report.compare.dtype_pairs(state["recorded"]) for part in [
+        f"**{report.format.device_label(fp32['provenance']['device'])}** ({fp32['profile']} profile; float32 recorded "
         f"{fp32['provenance']['date_utc'][:10]}, bfloat16 {bf16['provenance']['date_utc'][:10]})."] + [
-        report.dtype_verdict(fp32, bf16, mode) for mode in report.dtype_comparison(fp32, bf16)["modes"]] + [
-        report.collapsed("Every class, both dtypes", report.dtype_comparison_table(fp32, bf16))]]
+        report.compare.dtype_verdict(fp32, bf16, mode) for mode in report.compare.dtype_comparison(fp32, bf16)["modes"]] + [
+        report.format.collapsed("Every class, both dtypes", report.compare.dtype_comparison_table(fp32, bf16))]]
     return "\n\n".join(parts + ["Why, measured piece by piece (the projections' matmuls, the attention core, the softmax): "
                                 "[bfloat16 on a CPU](examples/benchmark.py#bfloat16-on-a-cpu)."]) if parts else \
         "No device has recorded runs in both float32 and bfloat16 yet."
@@ -208,12 +208,12 @@ def dtype_section(_=None):
 def headline_charts(_=None):
     """One tab per device type with the bar chart at the headline shape (the build's run, then recorded runs)."""
     build = state["build_result"]
-    tabs = [tab("CPU, this build", NOT_MEASURED if build is None else f"{report.run_line(None, build)}.\n\n"
+    tabs = [tab("CPU, this build", NOT_MEASURED if build is None else f"{report.format.run_line(None, build)}.\n\n"
                 + images(state["charts"]["build"]["sequence"])["bars"])]
     for kind, (title, _, _) in DEVICES.items():
         path, result = next(((path, result) for path, result in state["recorded"] if result["device_type"] == kind),
                             (None, None))
-        tabs += [tab(title, f"{report.run_line(None, result)}.\n\n" + images(state["charts"][path.stem]["sequence"])["bars"])
+        tabs += [tab(title, f"{report.format.run_line(None, result)}.\n\n" + images(state["charts"][path.stem]["sequence"])["bars"])
                  if result else tab(title, "No recorded run yet: see [Benchmarks](benchmarks.md) for how to make one.")]
     return "\n".join(tabs) + "\nFull tables, sweeps and provenance: [Benchmarks](benchmarks.md).\n"
 
