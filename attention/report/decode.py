@@ -5,8 +5,7 @@ Benchmarks page (the sweep itself: `attention.bench.sweeps.decode`).
 import statistics
 
 from attention.bench.sweeps.decode import NAME
-from attention.report.format import collapsed, number, status_cell, table, title_suffix
-from attention.report.long import run_line
+from attention.report.format import collapsed, number, run_line, status_cell, table, title_suffix
 
 GROUPED = ("MHA", "GQA", "MQA")  # the KV cache page's layers; the others are on the current models and MLA pages
 GRID = "Every model, kernel, batch and context, in both dtypes: [Benchmarks](../../benchmarks/#decoding)."

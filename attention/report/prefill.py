@@ -8,8 +8,7 @@ from attention.models.deepseek_v3 import PATHS
 from attention.report import prose
 from attention.report.decode import mla_pairs
 from attention.report.format import (MODE_TITLES, collapsed, device_label, mebibytes, nested, number, percent,
-                                     status_cell, table, title_suffix)
-from attention.report.long import run_line
+                                     run_line, status_cell, table, title_suffix)
 from attention.report.sequence import shape_rows
 
 

@@ -16,24 +16,18 @@ def ratio_words(value, reference, within=ABOUT_THE_SAME):
     if value <= 0 or reference <= 0:
         raise ValueError(f"ratio_words needs positive numbers, got value={value!r}, reference={reference!r}")
     ratio = value / reference
-    if abs(ratio - 1) <= within:
-        return "about the same", ratio
-    return ("more" if ratio > 1 else "less"), ratio
+    return ("about the same" if abs(ratio - 1) <= within else "more" if ratio > 1 else "less"), ratio
 
 
 def times(ratio, sign="x"):
     """A factor in words: `2.0` -> "2.0x", `0.5` -> "0.50x", `0.005` -> "0.005x" (never "0.00x")."""
-    if ratio >= 1:
-        return f"{ratio:.1f}{sign}"
-    return f"{ratio:.2f}{sign}" if ratio >= 0.1 else f"{ratio:.2g}{sign}"
+    digits = ".1f" if ratio >= 1 else ".2f" if ratio >= 0.1 else ".2g"
+    return f"{ratio:{digits}}{sign}"
 
 
 def file_label(name, stale):
     """A results file named in prose: `` `name` `` and, for a run older than the code, "(stale)"."""
     return f"`{name}`" + (" (stale)" if stale else "")
-
-
-# --- The benchmark page: bfloat16 on a CPU ---------------------------------------------------------------
 
 
 def bf16_matmul_sentence(cpu_name, flags, fp32_tflops, bf16_tflops):
@@ -88,9 +82,6 @@ def bf16_conclusion(projection_speed, elementwise_speed, amx):
     return f"So on this CPU ({why}) {opening}; {rest}."
 
 
-# --- The tiled page --------------------------------------------------------------------------------------
-
-
 def tiled_against_naive_sentence(run_label, tiled_ms, naive_ms, naive_label="split_heads"):
     """`tiled`'s training time against the naive class's (`tiled_ms`, `naive_ms`: {T: ms} where each ran):
     from which length `tiled` is faster, and by how much at the longest length both ran."""
@@ -128,9 +119,6 @@ def compiled_sentence(run_label, seq_len, rows):
     return f"Compiled with `torch.compile` ({run_label}, `T = {seq_len:,}`): " + "; ".join(parts) + "."
 
 
-# --- The grouped-query page: a custom mask ------------------------------------------------------------------
-
-
 def custom_mask_sentence(run_name, stale, rows, score_tensor_mib):
     """Which grouped-query class suits a custom mask on a CPU, from a recorded run's headline rows.
 
@@ -166,9 +154,6 @@ def custom_mask_sentence(run_name, stale, rows, score_tensor_mib):
     return f"In {run}, at its headline shape: " + " ".join(sentences) + " " + advice
 
 
-# --- The benchmark page: memory against T ------------------------------------------------------------------
-
-
 def memory_growth_sentence(run_label, short, long, peaks):
     """How each class's peak memory grew from `T = short` to `T = long` (`peaks`: {label: (bytes at short,
     bytes at long)}), against x(long/short)² for memory like T² and x(long/short) for T."""
@@ -184,21 +169,12 @@ def memory_growth_sentence(run_label, short, long, peaks):
             "class's peak memory grew: " + ", ".join(parts) + ".")
 
 
-# --- The grouped-query page: prefill and training without a cache ------------------------------------------
-
-
 def flops_and_time_sentence(baseline, shares):
     """How time followed FLOPs: `shares` is {class: (its FLOPs / the baseline's, its time / the baseline's)}."""
-    parts, follows = [], []
-    for name, (flops_share, time_share) in shares.items():
-        parts.append(f"`{name}` does {flops_share:.0%} of `{baseline}`'s forward FLOPs in {time_share:.0%} of its time")
-        follows.append(ratio_words(time_share, flops_share, within=0.1)[0])
-    if all(kind == "about the same" for kind in follows):
-        verdict = "the time follows the FLOPs"
-    elif all(kind == "more" for kind in follows):
-        verdict = "the time falls less than the FLOPs"
-    elif all(kind == "less" for kind in follows):
-        verdict = "the time falls more than the FLOPs"
-    else:
-        verdict = "the time does not follow the FLOPs in the same way for both"
-    return "; ".join(parts) + f": here {verdict}."
+    parts = [f"`{name}` does {flops:.0%} of `{baseline}`'s forward FLOPs in {time:.0%} of its time"
+             for name, (flops, time) in shares.items()]
+    follows = {ratio_words(time, flops, within=0.1)[0] for flops, time in shares.values()}
+    verdict = {"about the same": "follows the FLOPs", "more": "falls less than the FLOPs",
+               "less": "falls more than the FLOPs"}[follows.pop()] if len(follows) == 1 else \
+        "does not follow the FLOPs in the same way for both"
+    return "; ".join(parts) + f": here the time {verdict}."

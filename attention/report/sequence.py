@@ -9,6 +9,7 @@ from attention.bench import metrics
 from attention.bench.core import usable
 from attention.report.format import MODE_TITLES, collapsed, mebibytes, number, percent, status_cell, table, title_suffix
 
+
 def shape_rows(result, mode, batch=None, seq_len=None):
     """Rows of one mode at one `(batch, seq_len)`; default the headline shape."""
     shape = (mode, batch or result["config"]["batch"], seq_len or result["config"]["seq_len"])
