@@ -318,6 +318,8 @@ show_markdown(
 
 # %%
 path, long_run = recorded("long")
+
+# %% tags=["hide-input"]
 show(block_sparse_chart(long_run))
 show_markdown(block_sparse_section(path, long_run))
 

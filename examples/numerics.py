@@ -188,6 +188,8 @@ show_markdown(
 
 # %%
 path, recorded_run = recorded("")
+
+# %% tags=["hide-input"]
 show_markdown(memory_section(path, recorded_run))
 
 # %% [markdown]

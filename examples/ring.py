@@ -74,7 +74,7 @@ print(f"shards {[tuple(s.shape) for s in shards]}; joined back equals x: "
 #
 # The exchange is one call to `torch.distributed.batch_isend_irecv` per step, the same on every rank:
 
-# %%
+# %% tags=["hide-input"]
 show_source(ring._exchange)
 
 # %% [markdown]
@@ -87,7 +87,7 @@ show_source(ring._exchange)
 # a marked copy (`# Same as attention/causal/tiled.py::_online_softmax_update`, kept identical by a
 # test), so the ring is the tiled loop with key tiles that come from other processes:
 
-# %%
+# %% tags=["hide-input"]
 show_source(ring._online_softmax_update)
 
 # %% [markdown]
@@ -260,6 +260,8 @@ for mode, sends in expected.items():
 
 # %%
 path, ring_run = recorded("ring")
+
+# %% tags=["hide-input"]
 show(plot_ring(ring_run))
 show_markdown(page(ring_run, images={}, path=path))
 
@@ -337,7 +339,7 @@ print("context_parallel on CPU:", "ran" if probe["error"] is None else probe["er
 # gradient, so a loss over the whole shard needs no mask for them (the check gives them a random output
 # gradient to prove it):
 
-# %%
+# %% tags=["hide-input"]
 show_source(check.run_case)
 
 # %% [markdown]

@@ -97,13 +97,13 @@ print("fused.qkv.weight:", tuple(fused.qkv.weight.shape), "= query, key and valu
 # (`# Same as attention/causal/split_heads.py::project_heads`, kept identical by a test), so each
 # file stays a single file that imports only torch.
 
-# %%
+# %% tags=["hide-input"]
 show_source(SplitHeadsAttention.__init__)
 show_source(SplitHeadsAttention.forward)
 show_source(init_family)
 show_source(project_heads)
 
-# %%
+# %% tags=["hide-input"]
 show_source(FusedQKVAttention.__init__)
 show_source(FusedQKVAttention.forward)
 
