@@ -101,10 +101,9 @@ MUTANTS = [
            "row[\"tokens\"], row[\"path\"])", "row[\"tokens\"], \"naive\")",
            "both paths' FLOPs counted as the naive path's (the absorbed path's rate understated)", PREFILL_TESTS),
     Mutant("prefill_faster_path_by_the_medians", PREFILL_REPORT,
-           "if naive[\"ms_q3\"] < absorbed[\"ms_q1\"]:", "if naive[\"ms_median\"] < absorbed[\"ms_median\"]:",
+           "\"naive\" if naive[\"ms_q3\"] < absorbed[\"ms_q1\"]", "\"naive\" if naive[\"ms_median\"] < absorbed[\"ms_median\"]",
            "the page's 'naive faster' read from the medians alone, a tie within noise called a win", PREFILL_TESTS),
     Mutant("prefill_naive_faster_from_any_length", PREFILL_REPORT,
-           "        if faster_path(pairs[t]) != \"naive\":\n            break\n",
-           "        if faster_path(pairs[t]) != \"naive\":\n            continue\n",
+           "all(faster_path(pairs[u]) == \"naive\" for u in both[i:])", "faster_path(pairs[t]) == \"naive\"",
            "'naive faster from T on' claimed past a longer length where it is not faster", PREFILL_TESTS),
 ]

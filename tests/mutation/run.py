@@ -162,16 +162,16 @@ def check_the_copy_is_imported(copy):
 
 
 def baseline(copies, selections):
-    """Every distinct selection, unmutated, must pass (a failing one would make every kill meaningless)."""
-    failures = []
+    """Each distinct selection, unmutated: `{selection: why}` of those that fail. A mutant of a failing selection would
+    be "killed" by a failure it did not cause, so its mutants are reported as not run, and the others still run."""
+    failures = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(copies)) as pool:
         runs = pool.map(lambda job: (job[1], *run_pytest(copies[job[0] % len(copies)], job[1])), enumerate(selections))
         for tests, code, output in runs:
             print(f"  baseline {'ok  ' if code == PASSED else 'FAIL'} {tests}", flush=True)
             if code != PASSED:
-                failures.append(f"{tests} (exit {code}): {first_failure(output) or output[-2000:]}")
-    if failures:
-        raise SystemExit("these selections fail without any mutant:\n" + "\n".join(failures))
+                failures[tests] = f"its tests fail without any mutant (exit {code}): {first_failure(output) or output[-500:]}"
+    return failures
 
 
 def run_mutant(copy, area, mutant):
@@ -197,13 +197,21 @@ def run_mutant(copy, area, mutant):
             "tests": mutant.tests, "equivalent": mutant.equivalent, "outcome": outcome, "detail": detail}
 
 
+def not_run(area, mutant, why):
+    """The result of a mutant whose tests fail unmutated (`baseline`): not run, not counted."""
+    return {"id": mutant_id(area, mutant), "area": area, "file": mutant.file, "why": mutant.why,
+            "tests": mutant.tests, "equivalent": mutant.equivalent, "outcome": "not run", "detail": why}
+
+
 def score(results):
-    """`{"tried", "equivalent", "counted", "killed", "survived", "errors", "percent"}` of a run's results."""
-    counted = [r for r in results if not r["equivalent"]]
+    """`{"tried", "equivalent", "counted", "killed", "survived", "errors", "not_run", "percent"}` of a run's results;
+    mutants not run (their tests fail unmutated) are not counted."""
+    counted = [r for r in results if not r["equivalent"] and r["outcome"] != "not run"]
     killed = sum(r["outcome"] == "killed" for r in counted)
-    return {"tried": len(results), "equivalent": len(results) - len(counted), "counted": len(counted),
+    return {"tried": len(results), "equivalent": sum(bool(r["equivalent"]) for r in results), "counted": len(counted),
             "killed": killed, "survived": sum(r["outcome"] == "survived" for r in counted),
             "errors": sum(r["outcome"] == "error" for r in results),
+            "not_run": sum(r["outcome"] == "not run" for r in results),
             "percent": round(100 * killed / len(counted), 1) if counted else 0.0}
 
 
@@ -239,7 +247,8 @@ def render(recorded):
     survivors = [r for r in results if r["outcome"] != "killed"]
     lines += ["", "Survivors:" if survivors else "No mutant survived.", ""]
     for r in survivors:
-        fate = f"equivalent: {r['equivalent']}" if r["equivalent"] else "**not caught: a test is missing**"
+        fate = (f"equivalent: {r['equivalent']}" if r["equivalent"] else f"**not run**: {r['detail']}"
+                if r["outcome"] == "not run" else "**not caught: a test is missing**")
         lines.append(f"- `{r['id']}` ({r['file']}, {r['outcome']}): {r['why']}. {fate}")
     return "\n".join(lines).rstrip() + "\n"
 
@@ -295,9 +304,9 @@ def main(argv=None):
     try:
         check_the_copy_is_imported(copies[0])
         print(f"{len(mutants)} mutants; baseline of {len({m.tests for _, m in mutants})} test selections", flush=True)
-        baseline(copies, sorted({m.tests for _, m in mutants}))
+        failing = baseline(copies, sorted({m.tests for _, m in mutants}))
         free = list(copies)
-        results = {}
+        results = {mutant_id(area, m): not_run(area, m, failing[m.tests]) for area, m in mutants if m.tests in failing}
 
         def work(pair):
             copy = free.pop()
@@ -307,7 +316,7 @@ def main(argv=None):
                 free.append(copy)
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(copies)) as pool:
-            for result in pool.map(work, mutants):
+            for result in pool.map(work, [(area, m) for area, m in mutants if m.tests not in failing]):
                 results[result["id"]] = result
                 print(f"  {result['outcome']:8} {result['id']}  {result['detail'][:120]}", flush=True)
     finally:
@@ -316,10 +325,11 @@ def main(argv=None):
     ordered = [results[mutant_id(area, m)] for area, m in mutants]
     total = score(ordered)
     print(f"score: {total['percent']}% ({total['killed']} of {total['counted']} non-equivalent mutants killed, "
-          f"{total['equivalent']} equivalent, {total['errors']} errors)")
+          f"{total['equivalent']} equivalent, {total['errors']} errors, {total['not_run']} not run: their tests fail "
+          "unmutated)")
     if not args.mutant:
         record_areas(ordered, source, started, sorted({area for area, _ in mutants}))
-    return 1 if total["errors"] else 0
+    return 1 if total["errors"] or total["not_run"] else 0
 
 
 if __name__ == "__main__":

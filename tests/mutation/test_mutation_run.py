@@ -65,7 +65,24 @@ def test_a_mutant_is_killed_or_survives_and_the_copy_is_restored(tmp_path):
     assert (tmp_path / "pkg.py").read_text() == before
     results = [killed, survived, {**survived, "id": "toy/same", "equivalent": "no test can tell"}]
     assert run.score(results) == {"tried": 3, "equivalent": 1, "counted": 2, "killed": 1, "survived": 1,
-                                  "errors": 0, "percent": 50.0}
+                                  "errors": 0, "not_run": 0, "percent": 50.0}
+
+
+def test_a_selection_that_fails_unmutated_is_reported_and_its_mutants_not_counted(tmp_path):
+    (tmp_path / "pkg.py").write_text("def double(x):\n    return 2 * x\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_ok.py").write_text("import pkg\n\n\ndef test_double():\n    assert pkg.double(3) == 6\n")
+    (tmp_path / "tests" / "test_broken.py").write_text("def test_broken_before_any_mutant():\n    assert False\n")
+    failing = run.baseline([tmp_path], ["tests/test_ok.py", "tests/test_broken.py"])
+    assert list(failing) == ["tests/test_broken.py"] and "test_broken_before_any_mutant" in failing["tests/test_broken.py"]
+    blind = Mutant("blind", "pkg.py", "return 2 * x", "return 2 + x", "plus for times", "tests/test_broken.py")
+    caught = Mutant("caught", "pkg.py", "return 2 * x", "return 2 + x", "plus for times", "tests/test_ok.py")
+    results = [run.not_run("toy", blind, failing[blind.tests]), run.run_mutant(tmp_path, "toy", caught)]
+    assert [r["outcome"] for r in results] == ["not run", "killed"]
+    assert run.score(results) == {"tried": 2, "equivalent": 0, "counted": 1, "killed": 1, "survived": 0,
+                                  "errors": 0, "not_run": 1, "percent": 100.0}
+    assert "**not run**: its tests fail without any mutant" in run.render({"areas": {"toy": {
+        "commit": "0" * 40, "tree_clean": True, "date_utc": "2026-11-27", "torch": "2.13.0", "results": results}}})
 
 
 def recorded():
