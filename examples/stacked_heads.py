@@ -96,7 +96,7 @@ print(weights[0].detach().numpy().round(3))
 #
 # Shown from the installed package at build time, so this page cannot drift from it.
 
-# %%
+# %% tags=["hide-input"]
 show_source(CausalHead)
 show_source(StackedHeadsAttention)
 

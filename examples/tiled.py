@@ -102,7 +102,7 @@ print(f"softmax over the whole row, then the weighted sum: {exact:.6f}; online: 
 # of the running statistics, and at the end the output and each query's log-sum-exp `m + log l`,
 # saved for the backward pass.
 
-# %%
+# %% tags=["hide-input"]
 show_source(tiled._TiledAttention.forward)
 show_source(tiled._online_softmax_update)
 
@@ -131,7 +131,7 @@ print(f"T = 100, block_size = 16: largest difference from the float64 reference 
 # full row. That costs one more `Q Kᵀ` per tile, and saves all the memory the weights would need.
 # The backward pass, one tile at a time (FlashAttention's Algorithm 2):
 
-# %%
+# %% tags=["hide-input"]
 show_source(tiled._TiledAttention.backward)
 show_source(tiled._tile_gradients)
 
