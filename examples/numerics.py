@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attention import IMPLEMENTATIONS, prose
+from attention import IMPLEMENTATIONS
+from attention.report import prose
 from attention.causal.tiled import tiled_attention
 from attention.display import show, show_markdown, show_table
 from attention.plotting import plot_heatmaps
