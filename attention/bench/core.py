@@ -148,8 +148,9 @@ def matmul_rates(row):
 def timed_row_problems(where, row, expected):
     """A `PairedMatmul` row's problems: an `ok` row's times out of order, else each number of `expected` (with the
     row's `matmul_rates` for an `ok` row) against the row's own."""
-    if row["status"] == "ok" and disordered(where, row):
-        return disordered(where, row)
+    out_of_order = disordered(where, row) if row["status"] == "ok" else []
+    if out_of_order:
+        return out_of_order
     return mismatches(where, row, expected | (matmul_rates(row) if row["status"] == "ok" else {}))
 
 

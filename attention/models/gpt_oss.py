@@ -28,11 +28,10 @@ from attention.decoding import KVCache, SlidingWindowKVCache, grouped_scores, pe
 
 REQUIRED = object()  # `config_value`'s default: the field must be present
 
-
-
 # What transformers' GptOssConfig fills in where a config names neither `rope_parameters` nor `rope_scaling`.
 DEFAULT_ROPE_SCALING = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                         "original_max_position_embeddings": 4096}
+
 
 class GptOssAttention(nn.Module):
     """gpt-oss's self-attention layer: `(B, T, hidden_size) -> (B, T, hidden_size)`.
