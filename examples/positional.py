@@ -272,6 +272,12 @@ show(plot_alibi(num_heads=4, seq_len=12, causal=False,
 # `RoPEAttention`, `ALiBiAttention` and `ALiBiFlexAttention` keep the causal family's constructor
 # and [canonical state dict](../../glossary/#canonical-state-dict). The reference applies its own
 # RoPE rotation and ALiBi bias in float64.
+#
+# What the bias costs: `ALiBiAttention` hands SDPA a dense `(1, H, T, T)` bias, `H * T * T` numbers
+# built in float64 and rounded once. It depends only on the length, dtype and device, so it is built
+# once and kept while they stay the same (`ALiBiAttention.score_bias`), but SDPA still reads all of
+# it and, given a bias instead of `is_causal=True`, cannot skip the blocks above the diagonal.
+# `ALiBiFlexAttention` computes the bias inside the kernel and skips those blocks.
 
 # %%
 x = torch.randn(2, 24, 64)

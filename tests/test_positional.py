@@ -1,5 +1,6 @@
 """Position encodings: closed forms, invariances, the paper's ALiBi slopes, and the ALiBi/RoPE modules against the reference."""
 
+import copy
 import math
 
 import pytest
@@ -259,6 +260,87 @@ def test_module_matches_float64_reference(cls, num_heads, qkv_bias):
     if cls is ALiBiFlexAttention:  # the no-grad path runs FlexAttention alone
         with torch.no_grad():
             torch.testing.assert_close(module(x).double(), expected, atol=2e-5, rtol=1e-4)
+
+
+# ---------------------------------------------------------------- the ALiBi bias, built once and reused
+
+
+def count_alibi_bias_calls(monkeypatch, module_path):
+    """Count the calls a module file makes to its `alibi_bias` (each builds a whole `(H, T, T)` bias)."""
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return alibi_bias(*args, **kwargs)
+
+    monkeypatch.setattr(module_path + ".alibi_bias", counted)
+    return calls
+
+
+def test_alibi_bias_is_built_once_per_length_dtype_and_device(monkeypatch):
+    """Calls at one (T, device, dtype) reuse one bias; another length, dtype or device gets its own, equal to a fresh
+    `alibi_bias`, and the output equals that of a module that never saw another shape."""
+    builds = count_alibi_bias_calls(monkeypatch, "attention.causal.alibi")
+    torch.manual_seed(0)
+    module = ALiBiAttention(8, 8, 16, 0.0, 2).eval()
+    fresh = copy.deepcopy(module)
+    x5, x7 = torch.randn(2, 5, 8), torch.randn(2, 7, 8)
+    with torch.no_grad():
+        out5 = module(x5)
+        cached = module.bias_cache
+        assert torch.equal(module(x5), out5) and module.bias_cache is cached and len(builds) == 1
+        assert torch.equal(cached, alibi_bias(2, 5, 5, dtype=torch.float32))
+
+        out7 = module(x7)  # a longer input after a shorter one, then the shorter again
+        assert module.bias_cache.shape == (2, 7, 7) and torch.equal(module.bias_cache, alibi_bias(2, 7, 7))
+        assert torch.equal(module(x5), out5) and module.bias_cache.shape == (2, 5, 5) and len(builds) == 3
+        assert torch.equal(out7, copy.deepcopy(fresh)(x7))
+
+        doubled = copy.deepcopy(module).double()  # the float32 bias of the last call is still cached
+        out64 = doubled(x5.double())
+        assert doubled.bias_cache.dtype == torch.float64
+        assert torch.equal(doubled.bias_cache, alibi_bias(2, 5, 5, dtype=torch.float64))
+        assert torch.equal(out64, copy.deepcopy(fresh).double()(x5.double()))
+
+        # The "meta" device stands in for a GPU: shapes and devices without data, on any machine.
+        elsewhere = copy.deepcopy(module).to("meta")  # .to() leaves the plain attribute on the CPU
+        assert elsewhere(x5.to("meta")).device.type == "meta" and elsewhere.bias_cache.device.type == "meta"
+
+
+@pytest.mark.parametrize("cls", [ALiBiAttention, ALiBiFlexAttention])
+def test_alibi_cached_bias_holds_no_graph_and_no_state_dict_key(cls, monkeypatch):
+    """Two training steps at one length build the bias once; it requires no grad, belongs to no graph, and the
+    state dict (plain and canonical) has exactly the keys it had before any call."""
+    builds = count_alibi_bias_calls(monkeypatch, cls.__module__)
+    torch.manual_seed(0)
+    module = cls(10, 16, context_length=16, dropout=0.0, num_heads=4)  # the shapes of the reference test above
+    keys = list(module.state_dict())
+    x = torch.randn(2, 7, 10, requires_grad=True)
+    grads = []
+    for _ in range(2):
+        module.zero_grad()
+        module(x).square().sum().backward()
+        grads.append(module.query.weight.grad.clone())
+    assert len(builds) == 1
+    assert torch.equal(grads[0], grads[1])
+    assert not module.bias_cache.requires_grad and module.bias_cache.grad_fn is None
+    assert list(module.state_dict()) == keys and list(module.canonical_state_dict()) == keys
+
+
+def test_alibi_bias_cached_under_inference_mode_still_trains():
+    """A bias first built under `torch.inference_mode` is not an inference tensor: a later training step can save
+    it for the backward (an inference tensor would raise there), and its gradients equal a fresh module's."""
+    torch.manual_seed(0)
+    module = ALiBiAttention(8, 8, 16, 0.0, 2)
+    fresh = copy.deepcopy(module)
+    x = torch.randn(2, 5, 8)
+    with torch.inference_mode():
+        module(x)
+    assert not module.bias_cache.is_inference()
+    module(x).sum().backward()
+    fresh(x).sum().backward()
+    for (name, parameter), expected in zip(module.named_parameters(), fresh.parameters()):
+        assert torch.equal(parameter.grad, expected.grad), name
 
 
 def test_modules_are_registered_with_their_position_encoding():

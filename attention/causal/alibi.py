@@ -3,9 +3,10 @@
 ALiBi (Press et al., 2022, "Train Short, Test Long", https://arxiv.org/abs/2108.12409) adds no
 position vector to the inputs. Each head h adds `-m_h * (i - j)` to the score of query i and key j
 (`j <= i`), with slopes `m_h` from a fixed geometric sequence (1/2, 1/4, ..., 1/256 for 8 heads).
-The bias is built for the actual length on every call, with `-inf` above the diagonal, and passed
-to SDPA as a `(1, H, T, T)` float `attn_mask`, so it also applies the causal mask; being 4-D, it is
-accepted by the fused CPU kernel (a 3-D bias would run the math kernel).
+The bias is built for the actual length, with `-inf` above the diagonal, and passed to SDPA as a
+`(1, H, T, T)` float `attn_mask`, so it also applies the causal mask; being 4-D, it is accepted by the
+fused CPU kernel (a 3-D bias would run the math kernel). It depends only on (T, device, dtype), so it
+is built once and reused while those stay the same (`ALiBiAttention.score_bias`).
 """
 
 import math
@@ -19,6 +20,8 @@ class ALiBiAttention(nn.Module):
     """Causal multi-head self-attention with ALiBi biases: `(B, T, d_in) -> (B, T, d_out)`.
 
     The family's constructor, shapes and canonical state dict: `attention.causal.CausalSelfAttention`.
+    The `(H, T, T)` bias of the latest call is kept (`bias_cache`, not in the state dict) and reused
+    while the length, device and dtype stay the same: see `score_bias`.
 
     Args:
         context_length: longest sequence accepted. ALiBi itself has no length limit; the check keeps
@@ -27,6 +30,7 @@ class ALiBiAttention(nn.Module):
     """
 
     position_encoding = "alibi"
+    bias_cache = None  # (H, T, T): the latest bias, see score_bias; a plain attribute, so not in the state dict
 
     # Same as attention/causal/sdpa_causal.py::SDPACausalAttention.__init__
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
@@ -37,15 +41,28 @@ class ALiBiAttention(nn.Module):
     def forward(self, x):
         check_input(x, self.d_in, self.context_length)
         B, T, C = x.shape
-        H = self.num_heads
         q, k, v = project_heads(self, x)  # (B, H, T, D) each
         # 4-D, not (H, T, T): SDPA's fused kernels take a float mask only as (B|1, H|1, T, T); a 3-D one
         # sends every call to the math kernel, which stores the (B, H, T, T) scores.
-        attn_bias = alibi_bias(H, T, T, causal=True, device=x.device, dtype=q.dtype)[None]  # (1, H, T, T), -inf above the diagonal
+        attn_bias = self.score_bias(T, x.device, q.dtype)[None]  # (1, H, T, T), -inf above the diagonal
         dropout_p = self.dropout_p if self.training else 0.0
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, dropout_p=dropout_p)  # (B, H, T, D)
         context = context.transpose(1, 2).reshape(B, T, self.d_out)  # (B, T, H*D)
         return self.out(context)  # (B, T, d_out)
+
+    def score_bias(self, T, device, dtype):
+        """ALiBi's bias with the causal mask as one additive `(H, T, T)` tensor, `-inf` above the diagonal.
+
+        Built once per (T, device, dtype) and reused: built in float64 (for one rounding to `dtype`), it
+        costs more than the attention itself at T = 1024, and it depends on nothing but its shape. Only
+        the latest is kept, so a length that changes every call (generating without a KV cache) holds one.
+        """
+        bias = self.bias_cache
+        if bias is None or (bias.shape, bias.device, bias.dtype) != ((self.num_heads, T, T), torch.device(device), dtype):
+            with torch.inference_mode(False):  # an inference tensor could not be saved for a later backward
+                bias = alibi_bias(self.num_heads, T, T, causal=True, device=device, dtype=dtype)  # (H, T, T)
+            self.bias_cache = bias
+        return bias
 
     # Same as attention/causal/split_heads.py::SplitHeadsAttention.canonical_state_dict
     def canonical_state_dict(self):

@@ -11,6 +11,8 @@ score. Unlike the other files of the family, it imports that machinery and `atte
 instead of repeating them, so copy it together with `flex.py` and `positional/alibi.py`.
 """
 
+import torch
+
 from attention.causal.flex import FlexCausalAttention
 from attention.positional.alibi import alibi_bias, alibi_score_mod, alibi_slopes
 
@@ -26,6 +28,7 @@ class ALiBiFlexAttention(FlexCausalAttention):
     """
 
     position_encoding = "alibi"
+    bias_cache = None  # (H, T, T): the dense backward's latest bias, see score_bias; not in the state dict
 
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__(d_in, d_out, context_length, dropout, num_heads, qkv_bias)
@@ -36,5 +39,17 @@ class ALiBiFlexAttention(FlexCausalAttention):
         # A fresh closure per call reads the current buffer (after .to(device)); it does not recompile.
         return alibi_score_mod(self.slopes.to(dtype))
 
+    # Same as attention/causal/alibi.py::ALiBiAttention.score_bias
     def score_bias(self, T, device, dtype):
-        return alibi_bias(self.num_heads, T, T, causal=True, device=device, dtype=dtype)  # (H, T, T), -inf above the diagonal
+        """ALiBi's bias with the causal mask as one additive `(H, T, T)` tensor, `-inf` above the diagonal.
+
+        Built once per (T, device, dtype) and reused: built in float64 (for one rounding to `dtype`), it
+        costs more than the attention itself at T = 1024, and it depends on nothing but its shape. Only
+        the latest is kept, so a length that changes every call (generating without a KV cache) holds one.
+        """
+        bias = self.bias_cache
+        if bias is None or (bias.shape, bias.device, bias.dtype) != ((self.num_heads, T, T), torch.device(device), dtype):
+            with torch.inference_mode(False):  # an inference tensor could not be saved for a later backward
+                bias = alibi_bias(self.num_heads, T, T, causal=True, device=device, dtype=dtype)  # (H, T, T)
+            self.bias_cache = bias
+        return bias
