@@ -121,13 +121,16 @@ ROPES = {
     "yarn-mscale": {"rope_type": "yarn", "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 0.707,
                     "original_max_position_embeddings": 4096, "rope_theta": 10000.0},
 }
-ROTARY_FAMILIES = [family for family in MINIMAL if family != "deepseek_v3"]  # MLA: tests/test_mla.py
+ROTARY_FAMILIES = list(MINIMAL)
 
 
 def with_rope(family, rope, spelling):
     """The family's plain config with `rope` as transformers 5 spells it (`rope_parameters`) or as a published
-    config.json does (`rope_theta` and `rope_scaling`); Gemma 3's applies to its global layers."""
+    config.json does (`rope_theta` and `rope_scaling`); Gemma 3's applies to its global layers. MLA rotates only
+    `qk_rope_head_dim` features of each head: transformers' DeepSeek config names that width `head_dim`."""
     config = {name: value for name, value in plain(family).items() if name != "rope_scaling"}
+    if family == "deepseek_v3":
+        config["head_dim"] = config["qk_rope_head_dim"]
     if family == "gemma3_text":
         local = {"rope_type": "default", "rope_theta": 10000.0}
         if spelling == "rope_parameters":
@@ -143,8 +146,11 @@ def with_rope(family, rope, spelling):
 @pytest.mark.parametrize("family", ROTARY_FAMILIES)
 def test_rope_scaling_at_published_sizes_equals_transformers_init_functions(family, rope, spelling):
     if family == "gemma3_text" and ROPES[rope].get("truncate") is False:
-        pytest.skip("transformers reads YaRN's truncate from the top of rope_parameters only, never from Gemma 3's "
-                    "per-layer-type dicts; the family reads it from the layer's")
+        pytest.skip("transformers 5's _compute_yarn_parameters reads truncate as config.rope_parameters.get('truncate', "
+                    "True), the top of the dict, which for Gemma 3 holds one dict per layer type: it always truncates "
+                    "there, whatever the layer's dict says, while it reads every other YaRN field from the layer's dict. "
+                    "The family reads truncate from the layer's dict too: "
+                    "test_gemma3_reads_yarn_truncate_from_its_layers_rope_parameters")
     config = with_rope(family, ROPES[rope], spelling)
     hf_config = transformers.AutoConfig.for_model(**with_rope(family, ROPES[rope], "rope_parameters"))
     layer_idx = 5 if family == "gemma3_text" else 0  # a global layer (Gemma 3), a RoPE layer (Llama 4)
@@ -154,6 +160,27 @@ def test_rope_scaling_at_published_sizes_equals_transformers_init_functions(fami
     inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[ROPES[rope]["rope_type"]](hf_config, "cpu", layer_type=layer_type)
     torch.testing.assert_close(ours.inv_freq.float(), inv_freq, rtol=2e-6, atol=0)  # transformers: float32
     assert ours.attention_scaling == pytest.approx(attention_factor, rel=1e-6)
+    if family == "deepseek_v3":  # YaRN's mscale_all_dim also scales MLA's softmax: transformers' layer's scale
+        from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention
+
+        with torch.device("meta"):
+            assert ours.scaling == pytest.approx(DeepseekV3Attention(hf_config, 0).scaling, rel=1e-12)
+
+
+def test_gemma3_reads_yarn_truncate_from_its_layers_rope_parameters():
+    """A Gemma 3 global layer with YaRN's `truncate` false in its layer type's dict rotates as transformers' YaRN
+    with `truncate` false does where transformers reads it (a flat `rope_parameters`), not as transformers' Gemma 3,
+    which reads `truncate` from the top of `rope_parameters` only and so always truncates (the skip above)."""
+    rope = ROPES["yarn-gpt-oss"]
+    with torch.device("meta"):
+        ours = MODELS["gemma3_text"].from_config(with_rope("gemma3_text", rope, "rope_parameters"), 5)
+    flat = transformers.AutoConfig.for_model(**{**with_rope("llama", rope, "rope_parameters"), "head_dim": ours.head_dim})
+    untruncated, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](flat, "cpu")
+    torch.testing.assert_close(ours.inv_freq.float(), untruncated, rtol=2e-6, atol=0)
+    assert ours.attention_scaling == pytest.approx(attention_factor, rel=1e-6)
+    per_layer = transformers.AutoConfig.for_model(**with_rope("gemma3_text", rope, "rope_parameters"))
+    truncated, _ = ROPE_INIT_FUNCTIONS["yarn"](per_layer, "cpu", layer_type="full_attention")
+    assert not torch.allclose(truncated, untruncated, rtol=1e-3, atol=0)  # the two readings differ at these sizes
 
 
 # Grouped-query attention in every family, against transformers' own layer (the tiny cases of tests/test_models.py).

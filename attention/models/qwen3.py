@@ -43,7 +43,7 @@ class Qwen3Attention(nn.Module):
         self.hidden_size, self.num_attention_heads, self.num_key_value_heads, self.head_dim = head_sizes(config)
         check_no_dropout(config)
         self.scaling = self.head_dim**-0.5
-        self.layer_type = layer_type_of(config, self.layer_idx, self.LAYER_TYPES)
+        self.layer_type = layer_type_of(config, self.layer_idx, self.LAYER_TYPES, self.MODEL_TYPES)
         self.sliding_window = layer_window(config, self.layer_type)
 
         H, H_kv, D = self.num_attention_heads, self.num_key_value_heads, self.head_dim
@@ -130,13 +130,14 @@ class Qwen3RMSNorm(nn.Module):
 
 
 # Same as attention/models/llama.py::layer_type_of
-def layer_type_of(config, layer_idx, kinds):
+def layer_type_of(config, layer_idx, kinds, model_types):
     """transformers' kind of layer `layer_idx`: `config.layer_types[layer_idx]` where the config lists them (each one
-    of `kinds`); in a published config.json, which does not, the rule transformers' config class applies."""
+    of `kinds`); in a published config.json, which does not, the rule transformers' config class applies: that of the
+    config's `model_type`, or, where it names none, of the class's own (`model_types[0]`, as `check_model_type`)."""
     layer_types = listed_layer_types(config, kinds)
     if layer_types is not None:
         return layer_types[layer_idx]
-    model_type = config_value(config, "model_type", None)
+    model_type = config_value(config, "model_type", None) or model_types[0]
     if model_type == "mistral":  # one window for every layer, where the config sets one (0 or None: none)
         return "sliding_attention" if config_value(config, "sliding_window", None) else "full_attention"
     if model_type in ("qwen2", "qwen3"):  # a window on the layers from max_window_layers on, if switched on
