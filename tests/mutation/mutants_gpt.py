@@ -1,17 +1,25 @@
-"""Plausible bugs in the tiny GPT (attention/gpt/model.py): the block's norms, positions in a cache, the tied
-head, the K/V heads handed to the attention class, generation and sampling.
+"""Plausible bugs in the tiny GPT (attention/gpt/): the block's norms, positions in a cache, the tied head, the
+K/V heads handed to the attention class, generation and sampling (model.py), and how training draws its batches
+and decays its parameters (data.py, train.py).
 
 The model's reference (tests/test_gpt.py) is the same GPT with the float64 reference attention in every
 block, so a bug in the GPT around the attention changes both alike: the shipped checkpoint's recorded
 validation loss is the check that sees the block's structure, and cached decoding, the random
-configurations and the generation and sampling tests see the rest.
+configurations and the generation and sampling tests see the rest. What a falling loss cannot tell (which target
+each input is scored against, which starts a batch draws, which parameters decay, the sampled distribution) is
+read in detail by tests/test_gpt_details.py.
 """
 
 from mutant import Mutant
 
 GPT = "attention/gpt/model.py"
+DATA = "attention/gpt/data.py"
+TRAIN = "attention/gpt/train.py"
 CHECKPOINT = "tests/test_gpt.py -k recorded_validation_loss"
 GENERATION = "tests/test_gpt.py -k 'appends_the_most_likely or divides_by_the_temperature'"
+BATCHES = "tests/test_gpt_details.py -k training_batch_pairs"
+DECAY = "tests/test_gpt_details.py -k optimizer_decays"
+SAMPLED = "tests/test_gpt_details.py -k hand_computed_distribution"
 
 MUTANTS = [
     Mutant("second_norm_skipped", GPT,
@@ -59,4 +67,34 @@ MUTANTS = [
     Mutant("top_k_drops_the_kth", GPT,
            "logits = logits.masked_fill(logits < kth, float(\"-inf\"))", "logits = logits.masked_fill(logits <= kth, float(\"-inf\"))",
            "off by one: top_k keeps k - 1 tokens (none for top_k=1: NaN probabilities)", GENERATION),
+    # Training batches and the optimizer (issue 50): a falling loss hides each of these.
+    Mutant("batch_targets_not_shifted", DATA,
+           "    offsets = starts[:, None] + torch.arange(context_length)[None, :]  # (B, T)\n"
+           "    return data[offsets], data[offsets + 1]\n",
+           "    offsets = starts[:, None] + torch.arange(context_length)[None, :]  # (B, T)\n"
+           "    return data[offsets], data[offsets]\n",
+           "a training batch's targets are its inputs, not the next bytes: the model learns to copy", BATCHES),
+    Mutant("batch_rows_share_one_start", DATA,
+           "starts = torch.randint(len(data) - context_length, (batch_size,), generator=generator)  # (B,)",
+           "starts = torch.randint(len(data) - context_length, (1,), generator=generator).expand(batch_size)  # (B,)",
+           "one offset drawn per batch and every row cut from it: a batch of identical windows", BATCHES),
+    Mutant("batch_last_start_never_drawn", DATA,
+           "starts = torch.randint(len(data) - context_length, (batch_size,), generator=generator)  # (B,)",
+           "starts = torch.randint(len(data) - context_length - 1, (batch_size,), generator=generator)  # (B,)",
+           "off by one: the last start whose target still fits in the text is never drawn", BATCHES),
+    Mutant("optimizer_decays_norms", TRAIN,
+           "    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]  # matrices decay; biases and norms do not\n"
+           "    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]\n",
+           "    decay = [p for n, p in model.named_parameters() if not n.endswith(\"bias\")]  # biases do not decay\n"
+           "    no_decay = [p for n, p in model.named_parameters() if n.endswith(\"bias\")]\n",
+           "the no-decay group chosen by the name 'bias': the layer norms' weights are decayed towards 0", DECAY),
+    # Sampling, through generate (issue 50): the distribution drawn from, computed by hand.
+    Mutant("temperature_skipped", GPT,
+           "logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature",
+           "logits = logits - logits.amax(dim=-1, keepdim=True)",
+           "the temperature never applied: every positive temperature samples as 1", SAMPLED),
+    Mutant("top_k_keeps_one_more", GPT,
+           "kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # (B, 1)",
+           "kth = torch.topk(logits, min(top_k + 1, logits.shape[-1]), dim=-1).values[:, -1:]  # (B, 1)",
+           "off by one: top_k keeps k + 1 tokens", SAMPLED),
 ]
