@@ -7,6 +7,7 @@ otherwise.
 """
 
 import copy
+import math
 
 import pytest
 import torch
@@ -186,3 +187,59 @@ def test_the_sweep_builds_each_layer_as_from_config_does_and_sets_nothing_on_it(
             assert getattr(module, "decode_kernel", getattr(module, "path", kernel)) == kernel
             kv_heads = 1 if name == "MLA" else module.num_key_value_heads
             assert decode.head_sizes(module) == dict(num_heads=8, num_kv_heads=kv_heads, head_dim=16)
+
+
+NO_COPY_LAYERS = [(name, kernel) for name, layer in decode.LAYERS.items() for kernel in layer.kernels if kernel != "naive"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("model, kernel", NO_COPY_LAYERS, ids=[f"{name}-{kernel}" for name, kernel in NO_COPY_LAYERS])
+def test_a_decode_step_allocates_less_than_half_the_cache_it_reads(model, kernel, dtype):
+    """A step of one new token per sequence over 4,096 cached positions, for every layer of the sweep (GQA, MQA, each
+    model family's layer, MLA's absorbed path), allocates less than half the bytes of the cache it reads: it reads the
+    cache where it lies, never a copy of it (a matmul that broadcasts K/V heads over their query heads, or takes a
+    batch over the cache's slice as a copy, would allocate the cache again). MLA's naive path expands the latent to
+    per-head keys and values by design (`decode.MLA.step_bytes` counts it)."""
+    from attention.bench.metrics import profile_call
+
+    layer, batch, context = decode.LAYERS[model], 2, 4096
+    module, hidden = layer.build(decode.Config(**TINY_DECODE | dict(head_dim=64, contexts=(context,))), kernel)
+    module = module.to(dtype).eval().requires_grad_(False)
+    shapes = layer.entries(module)
+    cache = module.new_cache(batch, context + 1)
+    for start in range(0, context, 1024):
+        cache.update(*(torch.randn(batch, heads, 1024, *dims).to(dtype) for heads, *dims in shapes))
+    x = torch.randn(batch, 1, hidden).to(dtype)
+
+    def step():
+        cache.rewind(context)
+        with torch.no_grad():
+            return module(x, cache=cache)
+    step()
+    peak = profile_call(step, torch.device("cpu"))["cpu_tensor_peak_bytes"]
+    read = batch * layer.positions_read(context) * sum(math.prod(shape) for shape in shapes) * x.element_size()
+    assert peak is not None and peak < read / 2, f"a step allocated {peak:,} bytes, it reads {read:,} bytes of cache"
+
+
+def test_each_row_says_whether_its_step_copied_its_cache(result):
+    """`copies_cache`: the step's peak memory reached the bytes of the cache it reads. MLA's naive path, which expands
+    the latent to every head's keys and values, does at 1,100 positions; its absorbed path, which reads the latent as
+    it lies, does not. The validator recomputes the mark, takes a run recorded before it (no field), and the tables
+    show it."""
+    rows = result["decode"]["rows"]
+    assert all(row["copies_cache"] == (row["peak_memory_bytes"] >= row["cache_bytes_read"]) for row in rows)
+    marks = {row["kernel"]: row["copies_cache"] for row in rows if row["model"] == "MLA" and row["context"] == 1100}
+    assert marks == {"absorbed": False, "naive": True}
+    tampered = copy.deepcopy(result)
+    index, row = next((i, r) for i, r in enumerate(tampered["decode"]["rows"]) if r["kernel"] == "naive")
+    row["copies_cache"] = False
+    assert any(f"decode.rows[{index}]" in problem and "copies_cache" in problem
+               for problem in report.validate_result(tampered))
+    older = copy.deepcopy(result)
+    for row in older["decode"]["rows"]:
+        del row["copies_cache"]
+    assert report.validate_result(older) == []
+    naive = next(row for row in rows if row["kernel"] == "naive" and row["context"] == 1100)
+    absorbed = next(row for row in rows if row["kernel"] == "absorbed" and row["context"] == 1100)
+    assert report.decode.cell(result, naive).endswith(" · copy")
+    assert not report.decode.cell(result, absorbed).endswith(" · copy")

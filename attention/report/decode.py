@@ -10,6 +10,7 @@ from attention.report.format import collapsed, number, run_line, status_cell, ta
 GROUPED = ("MHA", "GQA", "MQA")  # the KV cache page's layers; the others are on the current models and MLA pages
 GRID = "Every model, kernel, batch and context, in both dtypes: [Benchmarks](../../benchmarks/#decoding)."
 STYLES = ["-o", "--s", ":^", "-.v"]  # a line style per batch size
+COPY_WORDS = " (· copy: the step's peak memory reached the bytes of the cache it reads, as a copy of it would)"
 SHARES = {"share_of_peak_bandwidth": "the run's peak bandwidth",  # a bandwidth share's field: what it is a share of
           "share_of_paired_bandwidth": "the read bandwidth measured beside the row"}
 
@@ -37,8 +38,8 @@ def share_words(result):
 
 
 def cell(result, row):
-    """A row's tokens per second and bandwidth share (`shown_share`), as "78 · 27%"."""
-    return f"{row['tokens_per_s']:,.0f} · {row[shown_share(result)]:.0%}"
+    """A row's tokens per second and bandwidth share (`shown_share`), as "78 · 27%"; "78 · 27% · copy": `copies_cache`."""
+    return f"{row['tokens_per_s']:,.0f} · {row[shown_share(result)]:.0%}" + (" · copy" if row.get("copies_cache") else "")
 
 
 def axes(result, models=None):
@@ -146,7 +147,7 @@ def charts(result):
 
 def batch_tables(result):
     """A `decode_table` per batch size: every model, kernel and context."""
-    return [f"**Batch {batch}**: tok/s (tokens per second, one layer) · share of {share_words(result)}\n\n"
+    return [f"**Batch {batch}**: tok/s (tokens per second, one layer) · share of {share_words(result)}{COPY_WORDS}\n\n"
             + decode_table(result, batch) for batch in axes(result)[2]]
 
 

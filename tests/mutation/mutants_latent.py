@@ -19,9 +19,9 @@ MUTANTS = [
            "w_kv = self.kv_b_proj.weight.view(H, Dn + Dv, Dc)", "w_kv = self.kv_b_proj.weight.view(Dn + Dv, H, Dc).transpose(0, 1)",
            "kv_b_proj's rows read as (feature, head) instead of head by head: every head folds another's W^UK, W^UV", LAYER),
     Mutant("absorbed_rotary_scores_forgotten", MLA,
-           "scores = (torch.matmul(q_latent.reshape(B, H * T, Dc), latent[:, 0].transpose(1, 2))  # (B, H*T, Dc) @ (B, Dc, S) -> (B, H*T, S)\n"
-           "                  + torch.matmul(q_rope.reshape(B, H * T, Dr), k_rope[:, 0].transpose(1, 2)))",
-           "scores = (torch.matmul(q_latent.reshape(B, H * T, Dc), latent[:, 0].transpose(1, 2)))",
+           "scores = (per_head_matmul(q_latent.reshape(B, 1, H * T, Dc), latent.transpose(2, 3))  # (B, 1, H*T, Dc) @ (B, 1, Dc, S) -> (B, 1, H*T, S)\n"
+           "                  + per_head_matmul(q_rope.reshape(B, 1, H * T, Dr), k_rope.transpose(2, 3)))",
+           "scores = (per_head_matmul(q_latent.reshape(B, 1, H * T, Dc), latent.transpose(2, 3)))",
            "the absorbed scores over the latent only: the decoupled rotary key's part forgotten", LAYER),
     Mutant("absorbed_unscaled", MLA,
            "scores = scores.view(B, H, T, S) * self.scaling  # (B, H, T, S)", "scores = scores.view(B, H, T, S)  # (B, H, T, S)",

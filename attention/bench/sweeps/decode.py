@@ -22,7 +22,7 @@ from typing import Annotated, Callable, NamedTuple
 import torch
 
 from attention.bench import core, metrics
-from attention.bench.results import BYTES, MAX_ROWS, POSITIVE, RATE, SHARE, disordered, mismatches, new_row
+from attention.bench.results import BOOLEAN, BYTES, MAX_ROWS, POSITIVE, RATE, SHARE, disordered, mismatches, new_row
 from attention.schema import config_problems, field_rules, in_range, integer, list_of, nullable, one_of, record, text
 from attention.causal.gqa import GroupedQueryAttention
 from attention.decoding import DECODE_KERNELS
@@ -58,12 +58,9 @@ class Layer(NamedTuple):
     * `reference(config, module, x0, cached, context) -> (1, hidden_size)` float64: batch element 0's step from the
       module's weights (as rounded to the run's dtype), its new token `x0` `(1, 1, hidden_size)` and `cached`,
       what the sweep gave `update` for it (`[(1, heads, context, *dims), ...]`), the rest from `config`: each row's check.
-    * `positions_read(context)`: cached positions a step reads, itself included (a window reads fewer); the
-      sweep checks it against the cache's `nbytes`, the validator recomputes it.
-    * `flops(row, element_size)`: the step's useful FLOPs from the row's own numbers (the validator recomputes
-      them the same way).
-    * `step_bytes(module, batch, positions)`: what a step reading `positions` cached positions allocates beyond
-      the cache (its own copies of keys and values), counted in the memory budget: a row past it is skipped.
+    * `positions_read(context)`: cached positions a step reads, itself included (a window reads fewer), checked against `nbytes`.
+    * `flops(row, element_size)`: the step's useful FLOPs from the row's own numbers (the validator recomputes them).
+    * `step_bytes(module, batch, positions)`: what a step allocates beyond the cache, counted in the memory budget.
     * `check(config)`: `ValueError` where `config` cannot build this layer (a family's returns its model config).
     * `module`: the module of the layer's class (a row's numbers depend on it: `subjects`).
     """
@@ -279,6 +276,7 @@ class Row(core.Measured):
                      "times `attention.models.deepseek_v3.latent_attention_flops` of its path."]
     weight_bytes: Annotated[int | None, BYTES, "The layer's parameters, read once per step."]
     bytes_read: Annotated[int | None, BYTES, "`cache_bytes_read + weight_bytes`: what the step must read at least."]
+    copies_cache: Annotated[bool | None, BOOLEAN, "`peak_memory_bytes >= cache_bytes_read`: the step allocated a copy's worth of its cache."]
     gbps: Annotated[float | None, RATE, "`bytes_read / step time`, in GB/s (10^9 bytes)."]
     bandwidth_gbps_paired: Annotated[float | None, RATE, "A sum's read rate timed beside the row's blocks (median), GB/s."]
     share_of_paired_bandwidth: Annotated[float | None, SHARE, "`gbps / bandwidth_gbps_paired`: how close the step comes "
@@ -397,9 +395,9 @@ def kernel_rows(config, shared, module, x, yardstick):
             return core.compared(out[0], layer.reference(config, module, x[:1], cached, context), row["tolerance"])
         try:
             row.update(core.measure(step, check, x.device, config, yardstick))
-            seconds = row["ms_median"] * 1e-3
+            seconds, peak = row["ms_median"] * 1e-3, row["peak_memory_bytes"]
             row.update(tokens_per_s=batch / seconds, gbps=row["bytes_read"] / seconds / 1e9,
-                       tflops=row["flops"] / seconds / 1e12)
+                       tflops=row["flops"] / seconds / 1e12, copies_cache=None if peak is None else peak >= row["cache_bytes_read"])
             row["share_of_paired_bandwidth"] = row["gbps"] / row["bandwidth_gbps_paired"]
         except Exception as error:  # noqa: BLE001 - record the failure, keep the run going
             core.failed(row, error)
@@ -414,7 +412,7 @@ SECTION = record(field_rules(Config) | {
                          "last_level_cache_bytes": nullable(BYTES), "peak_gbps": RATE},
                         optional=("last_level_cache_bytes", "peak_gbps")),
     "matmul_peak": nullable(record({"size": POSITIVE, "statistic": one_of("median of samples"), "tflops": RATE})),
-    "rows": list_of(record(field_rules(Row), optional=("share_of_peak_bandwidth",)), MAX_ROWS)},
+    "rows": list_of(record(field_rules(Row), optional=("share_of_peak_bandwidth", "copies_cache")), MAX_ROWS)},
     optional=("ceiling_bytes",))  # the three optional fields: absent in runs recorded before the ceiling was measured
 
 
@@ -442,6 +440,8 @@ def validate(section, result):
                     "flops": LAYERS[row["model"]].flops(row, element), "gbps": row["bytes_read"] / seconds / 1e9,
                     "share_of_paired_bandwidth": row["gbps"] / row["bandwidth_gbps_paired"],
                     "tflops": row["flops"] / seconds / 1e12}
+        if "copies_cache" in row and row["peak_memory_bytes"] is not None:  # older runs: no field
+            expected["copies_cache"] = row["peak_memory_bytes"] >= row["cache_bytes_read"]
         if section["matmul_peak"]:
             expected["share_of_matmul_peak"] = row["tflops"] / section["matmul_peak"]["tflops"]
         if "peak_gbps" in section["bandwidth"]:
