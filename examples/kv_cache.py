@@ -297,8 +297,9 @@ show_source(grouped_decode_attention)
 
 # %% [markdown]
 # The benchmark's decode profile times one checked step of one attention layer of 32 query heads of
-# 128 with 32 (MHA), 4 (GQA) and 1 (MQA) K/V heads, through SDPA and through the grouped matmuls (the
-# default, `decode_kernel="auto"`, takes the matmuls on a CPU for up to 16 new tokens). Tokens per
+# 128 with 32 (MHA), 4 (GQA) and 1 (MQA) K/V heads, through SDPA and through the grouped matmuls. Which
+# is faster depends on the CPU, so the default, `decode_kernel="auto"`, times both on its first step
+# of each shape and keeps the faster for the process (`ATTENTION_TUNING=off`: no timing). Tokens per
 # second are for this one layer; a model runs every layer per token. The recorded run, read by
 # `attention.report.decode`:
 

@@ -89,3 +89,39 @@ def built_site(tmp_path_factory):
         pytest.fail(f"mkdocs build --strict failed after {elapsed:.0f} s:\n{result.stdout[-6000:]}\n{result.stderr[-12000:]}")
     print(f"\nmkdocs build --strict took {elapsed:.0f} s")
     return site_dir
+
+
+# The floor of every file's coverage (statements and branches, as coverage's own total counts them), where the README's
+# test command measures coverage (`--cov`): pyproject's `fail_under` holds the total, this holds each file, so that a
+# file no test reaches cannot hide behind the others.
+FILE_COVERAGE_FLOOR = 90.0
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtestloop(session):
+    """After pytest-cov has combined and reported the coverage (its own wrapper runs inside this one): fail the
+    session, naming each file and its share, where a file of `attention/` is below `FILE_COVERAGE_FLOOR`."""
+    yield
+    plugin = session.config.pluginmanager.getplugin("_cov")
+    controller = getattr(plugin, "cov_controller", None)
+    if controller is None or getattr(plugin, "cov_total", None) is None:
+        return  # coverage not measured (the quick loop) or not reported (a worker)
+    below = files_below(controller.cov, FILE_COVERAGE_FLOOR)
+    if below:
+        lines = "\n".join(f"  {name}: {share:.1f}%" for name, share in below)
+        session.config.pluginmanager.getplugin("terminalreporter").write(
+            f"\nERROR: coverage below {FILE_COVERAGE_FLOOR:.0f}% in {len(below)} file(s) of attention/:\n{lines}\n",
+            red=True, bold=True)
+        session.testsfailed += 1
+
+
+def files_below(cov, floor):
+    """`[(file, percent)]` of the files `cov` measured whose statements and branches covered fall below `floor`."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        report = pathlib.Path(folder) / "coverage.json"
+        cov.json_report(outfile=str(report))
+        files = json.loads(report.read_text())["files"]
+    shares = {name: data["summary"]["percent_covered"] for name, data in files.items()}
+    return sorted((name, share) for name, share in shares.items() if share < floor)

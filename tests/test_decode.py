@@ -97,8 +97,12 @@ def test_decode_kernel_is_checked():
         GroupedQueryAttention(32, 32, 64, 0.0, 8, decode_kernel="flash")
 
 
-def test_the_auto_kernel_runs_the_grouped_matmuls_on_cpu(monkeypatch):
+def test_with_tuning_off_the_auto_kernel_runs_the_grouped_matmuls_on_cpu(monkeypatch):
+    """`ATTENTION_TUNING=off`: `"auto"` takes the fixed rule (the grouped matmuls on CPU for a few new tokens), no
+    timing (tests/test_tuning.py: the measured choice)."""
     import attention.causal.gqa as gqa
+
+    monkeypatch.setenv("ATTENTION_TUNING", "off")
 
     calls = []
     original = gqa.grouped_decode_attention
@@ -130,7 +134,7 @@ def decode_result():
 
 def test_decode_rows_are_complete_correct_and_valid(decode_result):
     rows = decode_result["decode"]["rows"]
-    assert len(rows) == 3 * 2 * 2 * 2  # models x kernels x batches x contexts
+    assert len(rows) == 3 * 3 * 2 * 2  # models x kernels (sdpa, matmul, auto) x batches x contexts
     assert {row["model"]: row["num_kv_heads"] for row in rows} == {"MHA": 8, "GQA": 1, "MQA": 1}
     assert all(list(row) == list(decode.Row.__annotations__) for row in rows)
     assert all(row["status"] == "ok" and row["correct"] is True for row in rows), [r["reason"] for r in rows]
@@ -139,7 +143,26 @@ def test_decode_rows_are_complete_correct_and_valid(decode_result):
                                   "decode"}  # no placeholder config, rows or rankings of another sweep
     assert all(row["sdpa_backends"] not in (None, ["n/a"]) for row in rows if row["kernel"] == "sdpa")
     assert all(row["sdpa_backends"] == ["n/a"] for row in rows if row["kernel"] == "matmul")
-    assert decode.KERNELS == tuple(kernel for kernel in DECODE_KERNELS if kernel != "auto")
+    assert decode.KERNELS == (*(kernel for kernel in DECODE_KERNELS if kernel != "auto"), "auto")
+
+
+def test_the_auto_rows_name_what_the_timing_chose_and_ran_it(decode_result):
+    """An `auto` row names the attention its timing chose (the profiler's backends agree: SDPA's op, or none for the
+    matmuls) and, at batch 1, the single-row projections; a forced kernel's row names nothing; a wrong `chose` is
+    refused by the validator."""
+    rows = decode_result["decode"]["rows"]
+    for row in rows:
+        if row["kernel"] != "auto":
+            assert row["chose"] is None
+            continue
+        attention, *projections = row["chose"].split()
+        assert attention in ("sdpa", "matmul") and (row["sdpa_backends"] == ["n/a"]) == (attention == "matmul")
+        assert set(projections) <= {"linear", "row_split"} and bool(projections) == (row["batch"] == 1)
+    for kernel, chose in (("sdpa", "sdpa"), ("auto", None)):
+        tampered = copy.deepcopy(decode_result)
+        row = next(row for row in tampered["decode"]["rows"] if row["kernel"] == kernel)
+        row["chose"] = chose
+        assert any("what `auto` chose, named on its rows only" in problem for problem in report.validate_result(tampered))
 
 
 def test_decode_bytes_and_flops_follow_from_the_shapes(decode_result):
@@ -154,8 +177,12 @@ def test_decode_bytes_and_flops_follow_from_the_shapes(decode_result):
 
 def test_the_decode_profile_makes_the_tables_it_made_before(decode_result):
     before = BEFORE["decode"]
-    assert structure(report.decode.decode_table(decode_result, 1)) == before["decode_table_1"]
-    assert structure(report.decode.decode_table(decode_result, 2)) == before["decode_table_2"]
+    forced = copy.deepcopy(decode_result)  # the tables of the forced kernels, as before; `auto` rows came later
+    forced["decode"]["rows"] = [row for row in forced["decode"]["rows"] if row["kernel"] != "auto"]
+    assert structure(report.decode.decode_table(forced, 1)) == before["decode_table_1"]
+    assert structure(report.decode.decode_table(forced, 2)) == before["decode_table_2"]
+    assert {line.split(" | ")[1] for line in structure(report.decode.decode_table(decode_result, 1))[0]["rows"]} == {
+        "`auto`", "`matmul`", "`sdpa`"}
     # Issue 45 made the summary fit a column: a row per model (K/V heads and cache per token in its label), a column per
     # batch size and context, where it had a row per batch and model.
     summary = report.decode.decode_summary_table(decode_result).splitlines()
@@ -175,12 +202,12 @@ def test_the_validator_recomputes_each_derived_number(decode_result, field):
 
 
 def test_decode_tables_and_figures_show_every_measurement(decode_result):
-    assert report.decode.decode_table(decode_result, 2).count(" · ") == 3 * 2 * 2  # tokens/s · share, per model, kernel, context
+    assert report.decode.decode_table(decode_result, 2).count(" · ") == 3 * 3 * 2  # tokens/s · share, per model, kernel, context
     summary = report.decode.decode_summary_table(decode_result)
     assert summary.count(" · ") == 2 * 3 * 2 and "KiB" in summary
     for metric in ("tokens_per_s", "share_of_peak_bandwidth", "share_of_paired_bandwidth"):
         fig = report.decode.plot_decode(decode_result, metric)
-        assert isinstance(fig, Figure) and sum(len(ax.lines) for ax in fig.axes) == 2 * 3 * 2
+        assert isinstance(fig, Figure) and sum(len(ax.lines) for ax in fig.axes) == 3 * 3 * 2
     assert "Bandwidth ceiling of this run" in report.decode.tables(decode_result)
 
 

@@ -337,7 +337,8 @@ def test_each_decode_kernel_continues_the_full_forward(name, layer_idx, schedule
     assert len(calls) == (len(SCHEDULES[schedule]) if decode_kernel == "matmul" else 0)
 
 
-def test_the_auto_decode_kernel_takes_the_grouped_matmuls_for_a_few_tokens_on_cpu(monkeypatch):
+def test_with_tuning_off_the_auto_decode_kernel_takes_the_grouped_matmuls_for_a_few_tokens_on_cpu(monkeypatch):
+    monkeypatch.setenv("ATTENTION_TUNING", "off")  # the fixed rule; tests/test_tuning.py: the measured choice
     module = layer_of("llama", 0)
     assert module.decode_kernel == "auto"
     calls = []

@@ -193,8 +193,8 @@ def test_decision_table_decode_and_mask_rows_name_their_devices_and_say_why(long
                                  decision.split_by_device([("cpu-intel-xeon-2c-float32-long.json", long_run)]))
     decoding = next(line for line in table.splitlines() if line.startswith("| Decoding"))
     best = report.decode.decode_best(decode, "GQA", 1, 32768)
-    assert best["kernel"] == "matmul"  # what `decode_kernel="auto"` takes on a CPU
-    assert "`gqa` (its default, `decode_kernel=\"auto\"`, takes `matmul` here) on AMD EPYC, 2 cores" in decoding
+    assert ("`gqa` (its default, `decode_kernel=\"auto\"`, times the kernels where it runs: "
+            f"`{best['kernel']}` was the faster here) on AMD EPYC, 2 cores") in decoding
     assert (f"one attention layer (32 query heads of 128, 4 K/V heads), batch 1, a 32,768-token cache: "
             f"{best['tokens_per_s']:,.0f} tokens/s in float32") in decoding
     assert "A model runs this once per layer" in decoding and "memory-bound" in decoding

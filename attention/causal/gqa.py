@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention.decoding import (KVCache, SlidingWindowKVCache, check_decode_kernel, grouped_decode_attention,
-                                row_split_linear, uses_grouped_matmuls)
+from attention.decoding import (KVCache, SlidingWindowKVCache, check_decode_kernel, decode_linear, decode_path,
+                                grouped_decode_attention)
 
 KV_STRATEGIES = ("enable_gqa", "repeat")
 
@@ -42,9 +42,12 @@ class GroupedQueryAttention(nn.Module):
             `"repeat"` (copy each K/V head `num_heads // num_kv_heads` times, then plain SDPA).
         decode_kernel: what attends over a cache: `"sdpa"`, `"matmul"` (`grouped_decode_attention`: two
             matmuls that read each cached K/V head once for its whole group of query heads; they write
-            out the `(S, group * T)` scores, so they suit few new tokens) or `"auto"` (`"matmul"` on CPU
-            for calls of at most `attention.decoding.AUTO_MATMUL_MAX_TOKENS` new tokens, where SDPA's kernel
-            reads the cache once per query head; `"sdpa"` otherwise). Without a cache, SDPA runs.
+            out the `(S, group * T)` scores, so they suit few new tokens) or `"auto"`: for calls of at most
+            `attention.decoding.AUTO_MATMUL_MAX_TOKENS` new tokens, the faster of the two on this machine,
+            timed on the first call of each shape class (`attention.decoding.decode_path`; SDPA's CPU kernel
+            reads the cache once per query head, which the matmuls avoid, but which wins depends on the CPU),
+            and likewise a single row's projections (`decode_linear`); `"sdpa"` for longer calls. Without a
+            cache, SDPA runs.
     """
 
     position_encoding = None
@@ -70,28 +73,29 @@ class GroupedQueryAttention(nn.Module):
         check_input(x, self.d_in, self.context_length)
         B, T, C = x.shape
         H, H_kv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        grouped_matmuls = cache is not None and uses_grouped_matmuls(self.decode_kernel, x.device, T)
-        # One token of one sequence: each projection is a matrix-vector product, which the CPU's BLAS runs on
-        # one thread; split into a batch of them (`row_split_linear`), it reads the weights on every core.
-        project = row_split_linear if grouped_matmuls and B * T == 1 else (lambda layer, inputs: layer(inputs))
+        # Over a cache, one token of one sequence makes each projection a matrix-vector product, which the CPU's BLAS
+        # may run on one thread: `decode_linear` splits it into a batch where that is faster (`decode_kernel`).
+        project = (lambda layer, inputs: decode_linear(layer, inputs, self.decode_kernel)) if cache is not None else (
+            lambda layer, inputs: layer(inputs))
         q = project(self.query, x).view(B, T, H, D).transpose(1, 2)  # (B, T, H*D) -> (B, H, T, D)
         k = project(self.key, x).view(B, T, H_kv, D).transpose(1, 2)  # (B, T, H_kv*D) -> (B, H_kv, T, D)
         v = project(self.value, x).view(B, T, H_kv, D).transpose(1, 2)  # (B, H_kv, T, D)
+        dropout_p = self.dropout_p if self.training else 0.0  # SDPA has no train/eval switch of its own
         if cache is None:
-            keys, values, mask, is_causal = k, v, None, True
+            keys, values, mask, path = k, v, None, "sdpa"
         else:
             check_cache(self, cache, x)
             keys, values, mask = cache.update(k, v)  # (B, H_kv, S, D) each; mask (T, S) or None
-            is_causal = False  # is_causal=True would align the mask top-left: wrong once the cache holds a past
-        dropout_p = self.dropout_p if self.training else 0.0  # SDPA has no train/eval switch of its own
-        if grouped_matmuls:
+            path = decode_path(self.decode_kernel, q, keys, values, mask, dropout_p)  # "sdpa" or "matmul"
+        if path == "matmul":
             attn_output = grouped_decode_attention(q, keys, values, mask, dropout_p)  # (B, H, T, D)
         else:
             if self.kv_strategy == "repeat" and H_kv != H:
                 keys = keys.repeat_interleave(H // H_kv, dim=1)  # (B, H_kv, S, D) -> (B, H, S, D): head h reads K/V head h // group
                 values = values.repeat_interleave(H // H_kv, dim=1)  # (B, H, S, D)
+            # is_causal=True would align the mask top-left: wrong once the cache holds a past
             attn_output = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=dropout_p,
-                                                         is_causal=is_causal, enable_gqa=keys.shape[1] != H)  # (B, H, T, D)
+                                                         is_causal=cache is None, enable_gqa=keys.shape[1] != H)  # (B, H, T, D)
         attn_output = attn_output.transpose(1, 2).reshape(B, T, self.d_out)  # (B, T, H*D)
         return project(self.out, attn_output)  # (B, T, d_out)
 

@@ -10,8 +10,10 @@ behind it. Imports only torch.
 import torch
 import torch.nn.functional as F
 
+from attention.decoding.tuning import fastest
+
 DECODE_KERNELS = ("auto", "sdpa", "matmul")
-# decode_kernel="auto" takes the grouped matmuls for calls of at most this many new tokens (decode steps,
+# decode_kernel="auto" weighs the grouped matmuls for calls of at most this many new tokens (decode steps,
 # short chunks); a longer chunk is a prefill, whose (S, group * T) scores SDPA never writes out.
 AUTO_MATMUL_MAX_TOKENS = 16
 
@@ -45,11 +47,39 @@ def row_split_linear(layer, x, chunks=8):
     return y if layer.bias is None else y + layer.bias
 
 
-def uses_grouped_matmuls(decode_kernel, device, new_tokens):
-    """Whether a call with a cache attends through `grouped_decode_attention`: `decode_kernel` `"matmul"`, or `"auto"`
-    on CPU for at most `AUTO_MATMUL_MAX_TOKENS` new tokens; else SDPA. `ValueError` for another `decode_kernel`."""
-    return check_decode_kernel(decode_kernel) == "matmul" or (decode_kernel == "auto" and device.type == "cpu"
-                                                              and new_tokens <= AUTO_MATMUL_MAX_TOKENS)
+def decode_path(decode_kernel, q, keys, values, mask, dropout_p=0.0):
+    """`"sdpa"` or `"matmul"` (`grouped_decode_attention`): what attends from `q` `(B, H, T, D)` over a cache's `keys`,
+    `values` `(B, H_kv, S, D)` and `mask`. A forced `decode_kernel` is taken as it is; `"auto"` takes SDPA for more
+    than `AUTO_MATMUL_MAX_TOKENS` new tokens (a prefill) and otherwise the faster of the two, timed on this machine
+    once per shape class (`attention.decoding.tuning.fastest`; the cache's length counts by its power of two). With
+    tuning off or dropout on (timing would draw random numbers), the rule tuned on an AMD EPYC: the grouped matmuls
+    on CPU, SDPA elsewhere. `ValueError` for another `decode_kernel`."""
+    if check_decode_kernel(decode_kernel) != "auto":
+        return decode_kernel
+    if q.shape[2] > AUTO_MATMUL_MAX_TOKENS:
+        return "sdpa"
+    rule = "matmul" if q.device.type == "cpu" else "sdpa"
+    if dropout_p > 0:
+        return rule
+    shape_class = ("attention", q.device, q.dtype, *q.shape, keys.shape[1], keys.shape[2].bit_length(), mask is None)
+    return fastest(shape_class, {"sdpa": lambda: sdpa_over_cache(q, keys, values, mask),
+                                 "matmul": lambda: grouped_decode_attention(q, keys, values, mask)}, rule)
+
+
+def decode_linear(layer, x, decode_kernel):
+    """`layer(x)` (an `nn.Linear`) in a decoding step: for a single row `x` `(1, 1, in)` on the CPU, `row_split_linear`
+    where that is faster. `decode_kernel` `"matmul"` forces the split (the grouped matmuls' path), `"sdpa"` the plain
+    product, `"auto"` the faster of the two, timed on this machine once per weight shape (the split, with tuning off).
+    """
+    single_row_on_cpu = x.shape[:-1].numel() == 1 and x.device.type == "cpu"
+    if not single_row_on_cpu or check_decode_kernel(decode_kernel) == "sdpa":
+        return layer(x)
+    if decode_kernel == "auto":
+        shape_class = ("projection", x.dtype, *layer.weight.shape, layer.bias is None)
+        if fastest(shape_class, {"linear": lambda: layer(x), "row_split": lambda: row_split_linear(layer, x)},
+                   "row_split") == "linear":
+            return layer(x)
+    return row_split_linear(layer, x)
 
 
 def cached_attention(q, keys, values, mask, scale=None, decode_kernel="auto", *, over_cache=True):
@@ -58,13 +88,21 @@ def cached_attention(q, keys, values, mask, scale=None, decode_kernel="auto", *,
     to `1 / sqrt(D)`. Returns `(B, H, T, D)`.
 
     `over_cache`: `keys` and `values` are what a cache's `update` returned (`mask` None: every key), and
-    `decode_kernel` picks SDPA or the grouped matmuls (`uses_grouped_matmuls`); False: a call without a cache
+    `decode_kernel` picks SDPA or the grouped matmuls (`decode_path`); False: a call without a cache
     (`S == T`, `mask` None: causal), always SDPA.
     """
-    if over_cache and uses_grouped_matmuls(decode_kernel, q.device, q.shape[2]):
+    if not over_cache:
+        return F.scaled_dot_product_attention(q, keys, values, scale=scale, is_causal=mask is None, attn_mask=mask,
+                                              enable_gqa=keys.shape[1] != q.shape[1])  # (B, H, T, D)
+    if decode_path(decode_kernel, q, keys, values, mask) == "matmul":
         return grouped_decode_attention(q, keys, values, mask, scale=scale)
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
-                                          is_causal=not over_cache and mask is None,
+    return sdpa_over_cache(q, keys, values, mask, scale=scale)
+
+
+def sdpa_over_cache(q, keys, values, mask, dropout_p=0.0, scale=None):
+    """SDPA of `q` `(B, H, T, D)` over a cache's `keys`, `values` `(B, H_kv, S, D)` and `mask` `(T, S)` or None:
+    `(B, H, T, D)`. Never `is_causal`: it would align the mask top-left, wrong once the cache holds a past."""
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=dropout_p, scale=scale,
                                           enable_gqa=keys.shape[1] != q.shape[1])  # (B, H, T, D)
 
 

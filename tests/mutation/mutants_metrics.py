@@ -12,6 +12,7 @@ METRICS = "attention/bench/metrics.py"
 CORE = "attention/bench/core.py"
 SEQUENCE = "attention/bench/sweeps/sequence.py"
 DECODE = "attention/bench/sweeps/decode.py"
+DECODE_LAYERS = "attention/bench/sweeps/decode_layers.py"  # the layers the decode sweep steps
 PREFILL = "attention/bench/sweeps/prefill.py"
 PREFILL_REPORT = "attention/report/prefill.py"  # what the page reads from a prefill run
 FLOPS = "tests/test_bench.py -k flop"  # the convention, the GQA width (on the small run) and the validator's check
@@ -73,7 +74,7 @@ MUTANTS = [
            "\"share_of_paired_matmul\": tflops / (row[\"matmul_tflops_paired\"] or math.nan)",
            "\"share_of_paired_matmul\": (row[\"matmul_tflops_paired\"] or math.nan) / tflops",
            "the share of the paired matmul computed upside down", RATES),
-    Mutant("decode_attention_flops_per_kv_head", DECODE,
+    Mutant("decode_attention_flops_per_kv_head", DECODE_LAYERS,
            "4 * row[\"batch\"] * row[\"num_heads\"] * row[\"positions_read\"] * row[\"head_dim\"]",
            "4 * row[\"batch\"] * row[\"num_kv_heads\"] * row[\"positions_read\"] * row[\"head_dim\"]",
            "a decode step's score work counted per K/V head instead of per query head", DECODE_TESTS),
@@ -84,12 +85,12 @@ MUTANTS = [
     Mutant("decode_cache_read_at_the_full_context", DECODE,
            "cache_bytes_read=batch * row[\"positions_read\"] * per_token", "cache_bytes_read=batch * context * per_token",
            "the cache read counted at the context, without the new token (or a window's shorter read)", DECODE_TESTS),
-    Mutant("decode_chunked_layer_read_whole", DECODE,
+    Mutant("decode_chunked_layer_read_whole", DECODE_LAYERS,
            "window = layer.sliding_window or getattr(layer, \"attention_chunk_size\", None)",
            "window = layer.sliding_window",
            "a chunked layer (Llama 4) counted as reading every cached position, not its ring of one chunk",
            MODEL_DECODE_TESTS),
-    Mutant("decode_naive_mla_budget_at_the_element_size", DECODE,
+    Mutant("decode_naive_mla_budget_at_the_element_size", DECODE_LAYERS,
            "return max(5 * module.kv_b_proj.weight.element_size(), 24)",
            "return 5 * module.kv_b_proj.weight.element_size()",
            "the naive MLA step's memory counted at the cache's element size: in bfloat16 half of what it allocates, "

@@ -158,7 +158,7 @@ MUTANTS = [
            "a call without a cache attended as over one: no mask (a global layer) read as every key, not causal",
            matches_transformers("llama-")),
     Mutant("cached_sdpa_causal_over_a_cache", "attention/decoding/kernels.py",
-           "is_causal=not over_cache and mask is None,", "is_causal=mask is None,",
+           "attn_mask=mask, dropout_p=dropout_p, scale=scale,", "attn_mask=mask, dropout_p=dropout_p, scale=scale, is_causal=mask is None,",
            "SDPA's is_causal over a cache: one new token (no mask) aligned top-left, it attends to position 0 only",
            "tests/test_models.py -k 'decode_kernel and sdpa and llama-'"),
     # The written-out layers (soft-cap, sinks): K/V heads read where they lie.
