@@ -76,3 +76,33 @@ def test_torchs_internal_counters_missing_give_none_not_an_error(monkeypatch):
     assert metrics.unique_graphs() is None
     assert metrics._allocation_peak(SimpleNamespace(), torch.autograd.DeviceType.CPU) is None  # no kineto results
     assert metrics.device_peak_memory(lambda: torch.ones(2**20), "cpu") is None  # CPU: the profiler measures it
+
+
+# The measuring core's failure path (`attention/bench/core.py`): what a failed or unchecked row says.
+
+def test_a_failed_row_says_out_of_memory_or_the_errors_first_line():
+    from attention.bench import core
+
+    row = {"status": "ok"}
+    core.failed(row, torch.OutOfMemoryError("CUDA error: out of memory\nTried to allocate 2.00 GiB"))
+    assert row == {"status": "failed", "reason": "out of memory"}
+    core.failed(row, RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: Out of memory"))
+    assert row["reason"] == "out of memory"  # the CPU allocator's words, not its type
+    core.failed(row, ValueError("seq_len=9 exceeds context_length=8\nsecond line"))
+    assert row == {"status": "failed", "reason": "ValueError: seq_len=9 exceeds context_length=8"}
+
+
+def test_an_output_whose_reference_failed_is_not_checked_and_says_why():
+    from attention.bench import core
+
+    assert core.compared(torch.ones(2), RuntimeError("reference: too large"), {"atol": 0, "rtol": 0}) == dict(
+        correct=None, max_abs_error=None, reason="not checked: RuntimeError: reference: too large")
+
+
+def test_auto_picks_cuda_then_mps_then_the_cpu(monkeypatch):
+    from attention.bench import core
+
+    for cuda, mps, expected in ((True, True, "cuda"), (False, True, "mps"), (False, False, "cpu")):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+        monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+        assert core.resolve_device("auto") == torch.device(expected)
