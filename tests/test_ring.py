@@ -196,6 +196,21 @@ def test_a_failing_process_ends_the_others_with_a_clear_error():
     assert time.monotonic() - started < 100  # ended by the errors and the 5 s timeout, not by the launcher's limit
 
 
+def _stuck_or_vanishing_worker(how):
+    if how == "stuck":  # never returns: the launcher's own limit must end it
+        time.sleep(600)
+    os._exit(3)  # ends without a result or an error report, as a process killed from outside does
+
+
+def test_a_process_that_hangs_or_vanishes_is_reported_not_waited_for():
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"1 of 1 processes failed:\nrank 0: still running after 20 s, terminated"):
+        launch.run_on_processes(_stuck_or_vanishing_worker, 1, "stuck", timeout_s=20)
+    assert time.monotonic() - started < 300  # ended by timeout_s, not by the sleep
+    with pytest.raises(RuntimeError, match=r"1 of 1 processes failed:\nrank 0: exited with code 3 and no result"):
+        launch.run_on_processes(_stuck_or_vanishing_worker, 1, "vanish", timeout_s=300)
+
+
 def _disagreeing_worker(calls):
     """Rank r makes each call with `calls[i][r]` (its shapes, dtype and options); every error, as `type: message`,
     or "ran". After them, rank 1 leaves and rank 0 calls the ring alone: its error, last."""
