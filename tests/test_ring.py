@@ -211,6 +211,16 @@ def test_a_process_that_hangs_or_vanishes_is_reported_not_waited_for():
         launch.run_on_processes(_stuck_or_vanishing_worker, 1, "vanish", timeout_s=300)
 
 
+def test_run_cases_checks_every_case_fits_the_launch_then_runs_each_group_against_the_reference():
+    with pytest.raises(ValueError, match=r"case world_size 3 does not divide world_size=4"):
+        check.run_cases([_case(2, True, "zigzag", 2, 1, 8), _case(3, True, "zigzag", 2, 1, 9)], world_size=4)
+    case = dict(_case(1, True, "zigzag", 2, 1, 9, batch=1, head_dim=4), seed=5)  # one process per group: two groups
+    (groups,) = check.run_cases([case], world_size=2, timeout_s=300)
+    assert len(groups) == 2
+    for results in groups:
+        assert_matches_reference(results, case)
+
+
 def _disagreeing_worker(calls):
     """Rank r makes each call with `calls[i][r]` (its shapes, dtype and options); every error, as `type: message`,
     or "ran". After them, rank 1 leaves and rank 0 calls the ring alone: its error, last."""
