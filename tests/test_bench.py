@@ -1028,3 +1028,24 @@ def test_each_recorded_run_of_a_profile_is_a_tab_and_the_site_size_is_not_on_the
         f"{report.format.device_label(result['provenance']['device'])}, float32", "Test Host, AVX2, float32"])
     assert "site-size" not in (ROOT / "docs" / "benchmarks.md").read_text()
     assert "<!-- site-size -->" in (ROOT / "docs" / "contributing.md").read_text()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--seq-lens", "128,abc"], "argument --seq-lens: expected positive integers separated by commas, or 'none', "
+                                "got '128,abc'"),
+    (["--seq-lens", "128,0"], "argument --seq-lens: expected positive integers separated by commas, or 'none', "
+                              "got '128,0'"),
+    (["--batch", "0"], "argument --batch: expected a positive integer, got '0'"),
+    (["--heads", "-4"], "argument --heads: expected a positive integer, got '-4'"),
+    (["--d-model", "7.5"], "argument --d-model: expected a positive integer, got '7.5'"),
+])
+def test_the_command_line_refuses_bad_sizes_naming_the_option(argv, says, capsys):
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(argv)
+    assert exited.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_the_command_line_reads_sweep_lengths_with_commas_or_spaces_or_none():
+    assert build_parser().parse_args(["--seq-lens", "128, 256,512"]).seq_lens == (128, 256, 512)
+    assert build_parser().parse_args(["--seq-lens", "128 256"]).seq_lens == (128, 256)
+    assert build_parser().parse_args(["--seq-lens", "None"]).seq_lens == ()

@@ -147,3 +147,42 @@ def test_weights_path_equals_sdpa_path():
     module = build()
     x, mask = torch.randn(3, 7, 16), random_mask((3, 1, 7, 7))
     torch.testing.assert_close(module(x, mask=mask)[0], module(x, mask=mask, need_weights=True)[0], **TOL)
+
+
+@pytest.mark.parametrize("kwargs, error, says", [
+    (dict(d_model=64.0, num_heads=4), TypeError, r"d_model must be an int, got d_model=64\.0"),
+    (dict(d_model=64, num_heads=True), TypeError, r"num_heads must be an int, got num_heads=True"),
+    (dict(d_model=64, num_heads=4, dropout="0.1"), TypeError, r"dropout must be a float, got dropout='0\.1'"),
+    (dict(d_model=64, num_heads=4, dropout=True), TypeError, r"dropout must be a float, got dropout=True"),
+    (dict(d_model=64, num_heads=4, rope=True, rope_base=0.0), ValueError, r"rope_base must be positive, got rope_base=0\.0"),
+    (dict(d_model=64, num_heads=4, rope=True, rope_base=float("nan")), ValueError, r"rope_base must be positive, got rope_base=nan"),
+])
+def test_constructor_arguments_of_the_wrong_type_or_value_are_refused_naming_them(kwargs, error, says):
+    with pytest.raises(error, match=says):
+        MultiHeadAttention(**kwargs)
+
+
+def test_inputs_that_are_not_floating_point_tensors_on_one_device_are_refused_naming_them():
+    mha = MultiHeadAttention(d_model=8, num_heads=2)
+    x = torch.randn(1, 3, 8)
+    with pytest.raises(TypeError, match=r"key must be a torch\.Tensor, got list"):
+        mha(x, [[0.0] * 8] * 3, x)
+    with pytest.raises(TypeError, match=r"value must be a floating-point tensor, got value\.dtype=torch\.int64"):
+        mha(x, x, torch.zeros(1, 3, 8, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"query, key and value must be on one device, got cpu, meta, cpu"):
+        mha(x, x.to("meta"), x)
+
+
+def test_a_canonical_state_dict_with_missing_extra_or_misshapen_weights_is_refused_and_nothing_loaded():
+    mha = MultiHeadAttention(d_model=8, num_heads=2)
+    before = mha.canonical_state_dict()
+    state = {name: torch.zeros_like(tensor) for name, tensor in before.items()}
+    del state["out.bias"]
+    with pytest.raises(ValueError, match=r"missing keys \['out\.bias'\], unexpected keys \['out\.scale'\]"):
+        mha.load_canonical_state_dict(state | {"out.scale": torch.ones(8)})
+    with pytest.raises(ValueError, match=r"key\.weight must have shape \(8, 8\), got \(8, 4\)"):
+        mha.load_canonical_state_dict(state | {"out.bias": torch.zeros(8), "key.weight": torch.zeros(8, 4)})
+    for name, tensor in mha.canonical_state_dict().items():
+        assert torch.equal(tensor, before[name]), name
+    mha.load_canonical_state_dict(state | {"out.bias": torch.zeros(8)})
+    assert all(not tensor.any() for tensor in mha.canonical_state_dict().values())

@@ -8,6 +8,7 @@ Budgets are in lines of the files as they stand, so that a sweep stays readable 
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,43 @@ def test_the_decoding_family_imports_only_itself():
     assert {name for path in files("decoding") for name in imported(path)
             if not name.startswith("attention.decoding")} == set()
     assert {name.split(".")[1] for name in imported(PACKAGE / "causal" / "gqa.py")} == {"decoding"}
+
+
+
+# What coverage's default exclusion matches (its DEFAULT_EXCLUDE), in any letter case.
+PRAGMA = re.compile(r"#\s*pragma[:\s]?\s*no\s*cover", re.IGNORECASE)
+MARKED_PRAGMA = re.compile(r"# pragma: no cover \((cuda|platform): [^()\s][^()]*\)$")
+
+
+def unmarked_pragmas(sources):
+    """`name:line` of each `pragma: no cover` in `sources` (name -> text) that is not exactly one
+    `(cuda: why)` or `(platform: why)` ending its line: the only lines the coverage measurement may leave out are
+    those that run on a GPU or another OS."""
+    found = []
+    for name, text in sources.items():
+        for number, line in enumerate(text.splitlines(), 1):
+            pragmas = list(PRAGMA.finditer(line))
+            if pragmas and (len(pragmas) != 1 or not MARKED_PRAGMA.fullmatch(line[pragmas[0].start():])):
+                found.append(f"{name}:{number}")
+    return found
+
+
+def test_every_line_left_out_of_coverage_says_it_needs_a_gpu_or_another_platform():
+    sources = {path.relative_to(PACKAGE.parent).as_posix(): path.read_text() for path in files()}
+    assert unmarked_pragmas(sources) == []
+
+
+@pytest.mark.parametrize("line, marked", [
+    ("if on_gpu:  # pragma: no cover (cuda: NCCL, the GPUs' backend)", True),
+    ('elif device.type == "mps":  # pragma: no cover (platform: macOS only)', True),
+    ("if x:  # pragma: no cover", False),  # no reason
+    ("if x:  # pragma: no cover (cuda: )", False),  # an empty reason
+    ("if x:  # pragma: no cover (slow: rarely run)", False),  # not one of the two kinds
+    ("if x:  # pragma: no cover (cuda: a GPU) # pragma: no cover (platform: macOS)", False),  # two of them
+    ("if x:  # pragma: no cover (cuda: a GPU) and more", False),  # text after the mark
+    ("if x:  #pragma:no cover (cuda: a GPU)", False),  # coverage still excludes it; not the marked form
+    ("if x:  # Pragma: No Cover (cuda: a GPU)", False),
+    ("if x:  # pragma nocover", False),
+])
+def test_a_pragma_is_marked_only_in_one_of_the_two_forms(line, marked):
+    assert unmarked_pragmas({"a.py": f"x = 1\n{line}\n    pass\n"}) == ([] if marked else ["a.py:2"])

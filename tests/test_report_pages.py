@@ -207,3 +207,16 @@ def test_the_grouped_query_section_shows_its_six_classes_at_the_headline_shape(d
     assert [row[0] for row in rows] == [f"`{name}`" for name in GROUPED_QUERY_CLASSES]
     assert [row[1] for row in rows][:4] == ["12", "12", "3", "1"] and path in text
     assert "forward FLOPs" in text and "gqa_flex" in text
+
+
+@pytest.mark.parametrize("sizes, words", [
+    (dict(seq_lens=[128, 1024], sweep_batch=2), "batch 2, `T` = 128, 1024"),  # a sweep over lengths: its batch
+    (dict(seq_lens=None, sweep_batch=None), "batch 8, `T` = 512"),  # one length: the run's batch
+    (dict(seq_lens=[], sweep_batch=None), "batch 8, `T` = 512"),
+])
+def test_a_runs_sizes_and_timing_are_said_in_words(sizes, words):
+    from attention.report import profile_summary
+
+    config = dict(batch=8, seq_len=512, d_model=768, num_heads=12, min_run_time=0.5, min_repeats=7, **sizes)
+    assert profile_summary(config) == (f"{words}, d_model 768, 12 heads, timing of at least 0.5 s and 7 repeats "
+                                       "per row")

@@ -196,6 +196,31 @@ def test_a_failing_process_ends_the_others_with_a_clear_error():
     assert time.monotonic() - started < 100  # ended by the errors and the 5 s timeout, not by the launcher's limit
 
 
+def _stuck_or_vanishing_worker(how):
+    if how == "stuck":  # never returns: the launcher's own limit must end it
+        time.sleep(600)
+    os._exit(3)  # ends without a result or an error report, as a process killed from outside does
+
+
+def test_a_process_that_hangs_or_vanishes_is_reported_not_waited_for():
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"1 of 1 processes failed:\nrank 0: still running after 20 s, terminated"):
+        launch.run_on_processes(_stuck_or_vanishing_worker, 1, "stuck", timeout_s=20)
+    assert time.monotonic() - started < 300  # ended by timeout_s, not by the sleep
+    with pytest.raises(RuntimeError, match=r"1 of 1 processes failed:\nrank 0: exited with code 3 and no result"):
+        launch.run_on_processes(_stuck_or_vanishing_worker, 1, "vanish", timeout_s=300)
+
+
+def test_run_cases_checks_every_case_fits_the_launch_then_runs_each_group_against_the_reference():
+    with pytest.raises(ValueError, match=r"case world_size 3 does not divide world_size=4"):
+        check.run_cases([_case(2, True, "zigzag", 2, 1, 8), _case(3, True, "zigzag", 2, 1, 9)], world_size=4)
+    case = dict(_case(1, True, "zigzag", 2, 1, 9, batch=1, head_dim=4), seed=5)  # one process per group: two groups
+    (groups,) = check.run_cases([case], world_size=2, timeout_s=300)
+    assert len(groups) == 2
+    for results in groups:
+        assert_matches_reference(results, case)
+
+
 def _disagreeing_worker(calls):
     """Rank r makes each call with `calls[i][r]` (its shapes, dtype and options); every error, as `type: message`,
     or "ran". After them, rank 1 leaves and rank 0 calls the ring alone: its error, last."""
@@ -478,11 +503,17 @@ def test_integer_tensors_mixed_dtypes_and_sizes_of_zero_are_refused():
     (["--timeout-s", "-5"], "argument --timeout-s: expected a finite number of seconds above 0, got '-5'"),
     (["--timeout-s", "nan"], "argument --timeout-s: expected a finite number of seconds above 0, got 'nan'"),
     (["--timeout-s", "inf"], "argument --timeout-s: expected a finite number of seconds above 0, got 'inf'"),
+    (["--timeout-s", "soon"], "argument --timeout-s: expected a finite number of seconds above 0, got 'soon'"),
 ])
 def test_the_entry_point_refuses_bad_options_before_joining_a_group(argv, says, capsys):
     with pytest.raises(SystemExit) as exited:
         cli.parse_args(argv)
     assert exited.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_the_entry_point_takes_the_group_timeout_in_seconds():
+    assert cli.parse_args(["--timeout-s", "2.5"]).timeout_s == 2.5
+    assert cli.parse_args([]).timeout_s == 300.0
 
 
 def test_the_entry_point_checks_where_it_saves_before_running(tmp_path, capsys):
@@ -496,6 +527,70 @@ def test_the_entry_point_checks_where_it_saves_before_running(tmp_path, capsys):
         assert exited.value.code == 2 and says in capsys.readouterr().err
     assert cli.parse_args(["--save", str(existing), "--force"]).force
     assert existing.read_text() == "precious"
+
+
+def test_context_parallel_on_cpus_is_refused_before_joining_a_group(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match=r"--engine context_parallel: .* CUDA attention kernels only .* "
+                                         r"run it on GPUs, or use --engine ring"):
+        cli_main(["--engine", "context_parallel"])
+    assert not dist.is_initialized()
+
+
+def _one_process_torchrun_environment(monkeypatch):
+    """The variables torchrun sets for a run of one process on this machine (store on a free loopback port)."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        store_port = free.getsockname()[1]
+    for variable, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                                MASTER_PORT=str(store_port)).items():
+        monkeypatch.setenv(variable, value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU path, gloo, on any machine
+
+
+def test_the_entry_point_on_one_process_reports_saves_and_measures(tmp_path, monkeypatch, capsys):
+    """`torchrun --nproc-per-node 1 -m attention.distributed --no-causal --layout contiguous --save F --measure`:
+    the line naming the case and its differences from the reference, the whole sequence saved (equal to the
+    reference), the measurement printed as JSON; the group it joined is left."""
+    _one_process_torchrun_environment(monkeypatch)
+    saved = tmp_path / "results.pt"
+    cli_main(["--seq-len", "12", "--heads", "2", "--kv-heads", "1", "--head-dim", "4", "--no-causal",
+              "--layout", "contiguous", "--save", str(saved), "--measure"])
+    assert not dist.is_initialized()
+    report, measured = capsys.readouterr().out.strip().splitlines()
+    assert report.startswith(f"ring on 1 processes ({launch.LOOPBACK_GLOO}, cpu, float32), T = 12, not causal, "
+                             "contiguous: largest difference from the float64 reference: out "), report
+    results = torch.load(saved)
+    case = results["case"]
+    assert case == dict(_case(1, False, "contiguous", 2, 1, 12, batch=1, head_dim=4), seed=0)
+    assert_matches_reference(results, case)
+    measured = json.loads(measured)
+    assert measured["world_size"] == 1 and measured["local_len"] == 12 and measured["causal"] is False
+    assert measured["forward"]["sent_bytes"] == []  # one process: the ring sends nothing
+
+
+@pytest.mark.parametrize("local_world_size, world_size, backend", [
+    ("4", "4", launch.LOOPBACK_GLOO),  # every rank on this machine: sockets on 127.0.0.1
+    ("4", "8", "gloo"),  # ranks on other machines reach this one on its network address
+    (None, "4", "gloo"),  # not started by torchrun: nothing says the ranks share this machine
+])
+def test_the_entry_point_listens_on_loopback_only_when_every_rank_is_on_this_machine(
+        local_world_size, world_size, backend, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", world_size)
+    if local_world_size is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world_size)
+    assert cli._backend(on_gpu=False) == backend
+
+
+def test_the_entry_point_runs_as_a_module_and_refuses_a_bad_option():
+    root = pathlib.Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "attention.distributed", "--heads", "6", "--kv-heads", "4"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 2 and done.stdout == ""
+    assert "--kv-heads must divide --heads, got --heads 6 --kv-heads 4" in done.stderr
 
 
 def test_causal_work_is_balanced_by_the_zigzag_layout():

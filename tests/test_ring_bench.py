@@ -49,6 +49,7 @@ def test_a_small_ring_run_gives_valid_correct_rows(ring_result):
     ("peak_memory_bytes", lambda row: row.update(peak_memory_bytes=row["peak_memory_bytes"] + 1), "peak_memory_bytes"),
     ("tflops", lambda row: row.update(tflops=row["tflops"] * 2), "tflops"),
     ("local_len", lambda row: row.update(local_len=row["local_len"] + 2), "local_len"),
+    ("world_size", lambda row: row.update(world_size=4), "(P=4, forward): world_size 4 is not one of world_sizes"),
 ])
 def test_the_validator_refuses_wrong_bytes_and_derived_numbers(ring_result, field, change, named):
     tampered = copy.deepcopy(ring_result)

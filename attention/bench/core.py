@@ -214,7 +214,7 @@ def measure(call, check, device, timing, yardstick, reset=lambda: None):
     probe_start, per_call = time.perf_counter(), None
     if device.type == "cpu":  # no unprofiled call yet: time_callable times one to size its blocks
         row["peak_memory_bytes"] = profiled["cpu_tensor_peak_bytes"]
-    else:
+    else:  # pragma: no cover (cuda: a GPU's allocator peak, on CUDA or MPS)
         row["peak_memory_bytes"] = metrics.device_peak_memory(call, device)
         per_call = time.perf_counter() - probe_start  # the probe was one plain call
     timed = metrics.time_callable(call, device, timing, paired=yardstick.call,
@@ -315,5 +315,5 @@ def run(plan, device="auto", dtype="float32", argv=None, out=None, progress=True
 
 def release(device):  # what the last rows left behind: Python garbage and the device's cache
     gc.collect()
-    if device.type in ("cuda", "mps"):
+    if device.type in ("cuda", "mps"):  # pragma: no cover (cuda: a GPU's cached blocks, on CUDA or MPS)
         getattr(torch, device.type).empty_cache()

@@ -56,9 +56,9 @@ def compare_to_reference(output, reference, tolerance):
 def synchronize(device):
     """Wait for queued work on `device` (CUDA, MPS); no-op on CPU."""
     device = torch.device(device)
-    if device.type == "cuda":
+    if device.type == "cuda":  # pragma: no cover (cuda: waits for the GPU's queue)
         torch.cuda.synchronize(device)
-    elif device.type == "mps":
+    elif device.type == "mps":  # pragma: no cover (platform: Apple silicon's MPS device, macOS only)
         torch.mps.synchronize()
 
 
@@ -224,14 +224,14 @@ def device_peak_memory(fn, device):
     the driver's allocation after `empty_cache()`, an upper bound (freed blocks stay in it)."""
     device = torch.device(device)
     gc.collect(0)  # the young generation only: a full collection costs ~0.2 s with torch loaded
-    if device.type == "cuda":
+    if device.type == "cuda":  # pragma: no cover (cuda: the CUDA allocator's peak)
         synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
         fn()
         synchronize(device)
         return torch.cuda.max_memory_allocated(device) - before
-    if device.type == "mps":
+    if device.type == "mps":  # pragma: no cover (platform: the MPS driver's allocation, macOS only)
         synchronize(device)
         torch.mps.empty_cache()
         before = torch.mps.driver_allocated_memory()
@@ -297,7 +297,7 @@ def profile_call(fn, device):
         names.extend(kernel.name for kernel in getattr(event, "kernels", []) or [])
     ops = list(dict.fromkeys(name for name in names if name in SDPA_OPS))
     kernels = {}  # kernel name -> backend, in order of first appearance
-    for name in names if device.type == "cuda" else []:
+    for name in names if device.type == "cuda" else []:  # pragma: no cover (cuda: kernels appear in CUDA traces only)
         label = next((label for label, pattern in SDPA_KERNEL_PATTERNS if pattern.search(name)), None)
         if label is not None:
             kernels.setdefault(name, label)

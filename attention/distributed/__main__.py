@@ -91,7 +91,7 @@ def main(argv=None):
         raise SystemExit("--engine context_parallel: PyTorch's context_parallel dispatches the CUDA attention "
                          "kernels only (its CPU kernel has no sharding rule); run it on GPUs, or use --engine ring")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if on_gpu else torch.device("cpu")
-    if on_gpu:
+    if on_gpu:  # pragma: no cover (cuda: each process takes the GPU LOCAL_RANK names)
         torch.cuda.set_device(device)
     joined = not dist.is_initialized()
     if joined:
@@ -103,7 +103,8 @@ def main(argv=None):
                 "dtype": args.dtype, "seed": args.seed, "engine": args.engine}
         if args.engine == "ring":
             results = _ring(case, rank, world_size, device)
-        else:  # its layout is not chosen: zigzag (its head-tail balance) for causal attention when the length allows
+        else:  # pragma: no cover (cuda: context_parallel runs on GPUs only, refused on CPUs above)
+            # Its layout is not chosen: zigzag (its head-tail balance) for causal attention when the length allows.
             balanced = args.causal and args.seq_len % (2 * world_size) == 0
             case["layout"] = "zigzag" if balanced else "contiguous"
             results = context_parallel_attention(case, device)
@@ -129,7 +130,7 @@ def main(argv=None):
 def _backend(on_gpu):
     """NCCL on GPUs; on CPUs gloo, listening on 127.0.0.1 only where every rank runs on this machine (torchrun
     sets `LOCAL_WORLD_SIZE`, the processes on this machine, and `WORLD_SIZE`, all of them)."""
-    if on_gpu:
+    if on_gpu:  # pragma: no cover (cuda: NCCL, the GPUs' backend)
         return "nccl"
     local_size = os.environ.get("LOCAL_WORLD_SIZE")
     return launch.loopback_gloo() if local_size is not None and local_size == os.environ.get("WORLD_SIZE") else "gloo"

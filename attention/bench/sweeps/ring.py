@@ -236,7 +236,7 @@ def measure_ring(case, group=None, repeats=3, device="cpu"):
             call()
         if torch.device(device).type == "cpu":
             peak = metrics.profile_call(call, device)["cpu_tensor_peak_bytes"]
-        else:
+        else:  # pragma: no cover (cuda: torchrun --measure on GPUs, the allocator's peak)
             peak = metrics.device_peak_memory(call, device)
         seconds = []
         for _ in range(repeats):
