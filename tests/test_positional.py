@@ -168,6 +168,21 @@ def test_rotary_cache_is_rebuilt_for_another_dtype_and_device():
     assert rope(x).device.type == "cpu" and torch.equal(rope(x), apply_rotary(x, *rotary_cos_sin(6, 8, 10000.0, "cpu", torch.float32)))
 
 
+def test_rotary_cache_built_under_inference_mode_still_trains():
+    """Cosines and sines first cached under `torch.inference_mode` (an evaluation, a generation) are not inference
+    tensors: a later training step saves them for the backward (an inference tensor would raise there), and the
+    gradient equals the one through a fresh encoding."""
+    rope = RotaryEmbedding(head_dim=8)
+    with torch.inference_mode():
+        rope(torch.randn(1, 2, 6, 8))
+    assert not rope.cos_cached.is_inference() and not rope.sin_cached.is_inference()
+    x = torch.randn(1, 2, 6, 8, requires_grad=True)
+    (rope(x) ** 2).sum().backward()
+    expected = x.detach().clone().requires_grad_(True)
+    (RotaryEmbedding(head_dim=8)(expected) ** 2).sum().backward()
+    assert torch.equal(x.grad, expected.grad)
+
+
 # ---------------------------------------------------------------- what attention sees of the order
 
 

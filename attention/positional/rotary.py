@@ -78,7 +78,8 @@ class RotaryEmbedding(nn.Module):
         needed = offset + seq_len
         cache = self.cos_cached
         if cache is None or cache.shape[0] < needed or cache.device != torch.device(device) or cache.dtype != dtype:
-            self.cos_cached, self.sin_cached = rotary_cos_sin(needed, self.head_dim, self.base, device, dtype)
+            with torch.inference_mode(False):  # a cache first built under inference_mode could not be saved for a backward
+                self.cos_cached, self.sin_cached = rotary_cos_sin(needed, self.head_dim, self.base, device, dtype)
         return self.cos_cached[offset:needed], self.sin_cached[offset:needed]  # (T, D) each
 
     def forward(self, x, offset=0):
