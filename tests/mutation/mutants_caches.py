@@ -95,4 +95,15 @@ MUTANTS = [
            "blocks = weight.view(chunks, out_features // chunks, in_features)",
            "blocks = weight.view(out_features // chunks, chunks, in_features).transpose(0, 1)",
            "the weight split into interleaved rows instead of row blocks: outputs permuted", TESTS),
+    # `"auto"` chooses by timing (attention/decoding/tuning.py).
+    Mutant("tuning_keeps_the_slowest", "attention/decoding/tuning.py",
+           "return min(samples, key=", "return max(samples, key=",
+           "the timing keeps the slowest candidate: right numbers, the slow kernel", "tests/test_tuning.py"),
+    Mutant("tuning_ignores_the_cache_length", KERNELS,
+           "keys.shape[1], keys.shape[2].bit_length(), mask is None)", "keys.shape[1], mask is None)",
+           "a choice timed over a short cache kept for every length (the winner can change as the cache grows)",
+           "tests/test_tuning.py"),
+    Mutant("tuning_off_still_times", "attention/decoding/tuning.py",
+           'if tuning_mode() == "off" or torch.compiler.is_compiling():', "if torch.compiler.is_compiling():",
+           "ATTENTION_TUNING=off ignored: runs meant to be reproducible still time and choose", "tests/test_tuning.py"),
 ]
