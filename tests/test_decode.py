@@ -66,6 +66,15 @@ def test_a_bfloat16_step_over_a_cache_slice_matches_the_reference_and_copies_not
     torch.testing.assert_close(out.double(), expected, **tolerance("cpu", torch.bfloat16))
     peak = metrics.profile_call(lambda: grouped_decode_attention(q, k, v), torch.device("cpu"))["cpu_tensor_peak_bytes"]
     assert peak is not None and peak < k.nbytes, f"a step allocated {peak:,} bytes, the keys hold {k.nbytes:,}"
+    # How: each sequence's and K/V head's block in a 2-D matmul, never a batched matmul over the slice (which on some
+    # builds copies nothing the profiler sees, yet runs a slow kernel).
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as profiled:
+        grouped_decode_attention(q, k, v)
+    over_cache = [event.name for event in profiled.events() if event.name in ("aten::mm", "aten::bmm", "aten::baddbmm")
+                  and any(S in shape for shape in event.input_shapes if shape)]
+    assert over_cache == ["aten::mm"] * (2 * B * num_kv_heads), over_cache  # scores and weighted values, per block
 
 
 def test_per_head_matmul_in_bfloat16_is_the_batched_product_and_keeps_its_gradients():
