@@ -326,7 +326,7 @@ def test_alibi_bias_is_built_once_per_length_dtype_and_device(monkeypatch):
 def test_alibi_cached_bias_holds_no_graph_and_no_state_dict_key(cls, monkeypatch):
     """Two training steps at one length build the bias once; it requires no grad, belongs to no graph, and the
     state dict (plain and canonical) has exactly the keys it had before any call."""
-    builds = count_alibi_bias_calls(monkeypatch, cls.__module__)
+    builds = count_alibi_bias_calls(monkeypatch, cls.score_bias.__module__)  # the file whose score_bias builds it
     torch.manual_seed(0)
     module = cls(10, 16, context_length=16, dropout=0.0, num_heads=4)  # the shapes of the reference test above
     keys = list(module.state_dict())

@@ -7,14 +7,14 @@ causal `BlockMask`. No `(T, T)` bias tensor is materialised on the forward pass.
 
 Everything else, the limits included (no dropout; a dense backward on CPU and MPS; short sequences
 padded on CPU), is `attention/causal/flex.py`'s `FlexCausalAttention`: this class changes only the
-score. Unlike the other files of the family, it imports that machinery and `attention.positional`
-instead of repeating them, so copy it together with `flex.py` and `positional/alibi.py`.
+score. Unlike the other files of the family, it imports that machinery, `attention.positional` and
+`ALiBiAttention`'s cached bias instead of repeating them, so copy it together with `flex.py`, `alibi.py`
+and `positional/alibi.py`.
 """
 
-import torch
-
+from attention.causal.alibi import ALiBiAttention
 from attention.causal.flex import FlexCausalAttention
-from attention.positional.alibi import alibi_bias, alibi_score_mod, alibi_slopes
+from attention.positional.alibi import alibi_score_mod, alibi_slopes
 
 
 class ALiBiFlexAttention(FlexCausalAttention):
@@ -39,17 +39,5 @@ class ALiBiFlexAttention(FlexCausalAttention):
         # A fresh closure per call reads the current buffer (after .to(device)); it does not recompile.
         return alibi_score_mod(self.slopes.to(dtype))
 
-    # Same as attention/causal/alibi.py::ALiBiAttention.score_bias
-    def score_bias(self, T, device, dtype):
-        """ALiBi's bias with the causal mask as one additive `(H, T, T)` tensor, `-inf` above the diagonal.
-
-        Built once per (T, device, dtype) and reused: built in float64 (for one rounding to `dtype`), it
-        costs more than the attention itself at T = 1024, and it depends on nothing but its shape. Only
-        the latest is kept, so a length that changes every call (generating without a KV cache) holds one.
-        """
-        bias = self.bias_cache
-        if bias is None or (bias.shape, bias.device, bias.dtype) != ((self.num_heads, T, T), torch.device(device), dtype):
-            with torch.inference_mode(False):  # an inference tensor could not be saved for a later backward
-                bias = alibi_bias(self.num_heads, T, T, causal=True, device=device, dtype=dtype)  # (H, T, T)
-            self.bias_cache = bias
-        return bias
+    # The dense backward's bias: `ALiBiAttention`'s, built once per (T, device, dtype) and kept in `bias_cache`.
+    score_bias = ALiBiAttention.score_bias
