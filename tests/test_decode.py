@@ -17,7 +17,7 @@ from attention import report
 from attention.bench import core, metrics, profiles
 from attention.bench.__main__ import build_parser, config_from_args, main
 from attention.schema import config_problems
-from attention.bench.sweeps import decode
+from attention.bench.sweeps import decode, decode_layers
 from attention.causal.gqa import GroupedQueryAttention
 from attention.decoding import AUTO_MATMUL_MAX_TOKENS, DECODE_KERNELS, grouped_decode_attention, per_head_matmul
 from attention.reference import reference_kernel
@@ -152,7 +152,7 @@ def test_decode_rows_are_complete_correct_and_valid(decode_result):
                                   "decode"}  # no placeholder config, rows or rankings of another sweep
     assert all(row["sdpa_backends"] not in (None, ["n/a"]) for row in rows if row["kernel"] == "sdpa")
     assert all(row["sdpa_backends"] == ["n/a"] for row in rows if row["kernel"] == "matmul")
-    assert decode.KERNELS == (*(kernel for kernel in DECODE_KERNELS if kernel != "auto"), "auto")
+    assert decode_layers.KERNELS == (*(kernel for kernel in DECODE_KERNELS if kernel != "auto"), "auto")
 
 
 def test_the_auto_rows_name_what_the_timing_chose_and_ran_it(decode_result):
@@ -333,7 +333,7 @@ class ContractOnly:
 def test_a_model_is_one_record_and_the_sweep_uses_only_the_cache_contract(monkeypatch):
     """A toy kind of layer: one `Layer` record in `LAYERS` gives it rows beside MHA/GQA/MQA, checked against its
     own float64 reference, through a cache that keeps only the contract."""
-    grouped = decode.grouped(2)
+    grouped = decode_layers.grouped(2)
     checks = []
 
     def build(config, kernel):
@@ -345,7 +345,7 @@ def test_a_model_is_one_record_and_the_sweep_uses_only_the_cache_contract(monkey
         checks.append(context)
         return grouped.reference(config, module, x0, cached, context)
 
-    monkeypatch.setitem(decode.LAYERS, "toy", decode.Layer(("matmul",), build, grouped.entries, reference,
+    monkeypatch.setitem(decode.LAYERS, "toy", decode_layers.Layer(("matmul",), build, grouped.entries, reference,
                                                            positions_read=lambda context: context + 1))
     with quick_yardsticks():
         result = run_decode(models=("toy", "MQA"), batches=(1,), kernels=("matmul",))
@@ -353,7 +353,7 @@ def test_a_model_is_one_record_and_the_sweep_uses_only_the_cache_contract(monkey
     assert [(r["model"], r["context"]) for r in rows] == [("toy", 64), ("toy", 128), ("MQA", 64), ("MQA", 128)]
     assert all(r["status"] == "ok" and r["correct"] is True for r in rows) and checks == [64, 128]
     assert report.validate_result(result) == []
-    wrong = decode.Layer(("matmul",), build, grouped.entries, lambda *args: grouped.reference(*args) + 1)
+    wrong = decode_layers.Layer(("matmul",), build, grouped.entries, lambda *args: grouped.reference(*args) + 1)
     monkeypatch.setitem(decode.LAYERS, "toy", wrong)
     with quick_yardsticks():
         rows = run_decode(models=("toy",), batches=(1,), contexts=(64,), kernels=("matmul",))["decode"]["rows"]

@@ -15,7 +15,7 @@ from bench_tables import TINY_DECODE, quick_yardsticks
 
 from attention.bench import core, profiles, results
 from attention import report
-from attention.bench.sweeps import decode
+from attention.bench.sweeps import decode, decode_layers
 from attention.models import MODELS
 from attention.models.deepseek_v3 import latent_attention_flops, latent_config
 from attention.models.published import PUBLISHED
@@ -51,18 +51,15 @@ def test_every_model_decodes_a_bfloat16_cache_correctly():
     assert results.validate(found) == []
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_the_memory_budget_counts_what_a_naive_mla_step_allocates(dtype):
-    """A row past the memory budget is skipped, not run: past the RAM the operating system kills the whole run. So
-    what the budget counts for a naive MLA step must cover what the step allocates (the profiler's peak); in
-    bfloat16 it counted half of it, and the decode profile was killed at its last row."""
+def step_peak_bytes(module, shapes, batch, context, hidden):
+    """The profiler's peak of new memory in one step of one new token per sequence over `context` random cached
+    positions (`shapes`: what the layer's cache takes per position, `Layer.entries`), in the module's dtype."""
     from attention.bench.metrics import profile_call
 
-    module, hidden = decode.MLA.build(decode.Config(**TINY_DECODE), "naive")
-    module = module.to(dtype).eval().requires_grad_(False)
-    batch, context = 2, 2048
+    dtype = next(module.parameters()).dtype
     cache = module.new_cache(batch, context + 1)
-    cache.update(*(torch.randn(batch, heads, context, *dims).to(dtype) for heads, *dims in decode.MLA.entries(module)))
+    for start in range(0, context, 1024):
+        cache.update(*(torch.randn(batch, heads, min(1024, context - start), *dims).to(dtype) for heads, *dims in shapes))
     x = torch.randn(batch, 1, hidden).to(dtype)
 
     def step():
@@ -70,8 +67,19 @@ def test_the_memory_budget_counts_what_a_naive_mla_step_allocates(dtype):
         with torch.no_grad():
             return module(x, cache=cache)
     step()
-    peak = profile_call(step, torch.device("cpu"))["cpu_tensor_peak_bytes"]
-    counted = decode.MLA.step_bytes(module, batch, context + 1)
+    return profile_call(step, torch.device("cpu"))["cpu_tensor_peak_bytes"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_memory_budget_counts_what_a_naive_mla_step_allocates(dtype):
+    """A row past the memory budget is skipped, not run: past the RAM the operating system kills the whole run. So
+    what the budget counts for a naive MLA step must cover what the step allocates (the profiler's peak); in
+    bfloat16 it counted half of it, and the decode profile was killed at its last row."""
+    module, hidden = decode_layers.MLA.build(decode.Config(**TINY_DECODE), "naive")
+    module = module.to(dtype).eval().requires_grad_(False)
+    batch, context = 2, 2048
+    peak = step_peak_bytes(module, decode_layers.MLA.entries(module), batch, context, hidden)
+    counted = decode_layers.MLA.step_bytes(module, batch, context + 1)
     assert peak is not None and peak <= counted, f"the step allocated {peak:,} bytes, the budget counts {counted:,}"
 
 
@@ -132,7 +140,7 @@ def test_the_validator_refuses_a_wrong_count(result, model, field):
         row["gbps"] = row["bytes_read"] / row["ms_median"] * 1e3 / 1e9
         row["share_of_paired_bandwidth"] = row["gbps"] / row["bandwidth_gbps_paired"]
     else:  # the default definition's FLOPs, not the model's
-        row["flops"] = decode.step_flops(row, 4) + (0 if model == "MLA" else 1)
+        row["flops"] = decode_layers.step_flops(row, 4) + (0 if model == "MLA" else 1)
     assert any(f"decode.rows[{index}]" in problem and field in problem for problem in report.validate_result(tampered))
 
 
@@ -201,25 +209,13 @@ def test_a_decode_step_allocates_less_than_half_the_cache_it_reads(model, kernel
     model family's layer, MLA's absorbed path), allocates less than half the bytes of the cache it reads: it reads the
     cache where it lies, never a copy of it (a matmul that broadcasts K/V heads over their query heads, or takes a
     batch over the cache's slice as a copy, would allocate the cache again). MLA's naive path expands the latent to
-    per-head keys and values by design (`decode.MLA.step_bytes` counts it)."""
-    from attention.bench.metrics import profile_call
-
+    per-head keys and values by design (`decode_layers.MLA.step_bytes` counts it)."""
     layer, batch, context = decode.LAYERS[model], 2, 4096
     module, hidden = layer.build(decode.Config(**TINY_DECODE | dict(head_dim=64, contexts=(context,))), kernel)
     module = module.to(dtype).eval().requires_grad_(False)
     shapes = layer.entries(module)
-    cache = module.new_cache(batch, context + 1)
-    for start in range(0, context, 1024):
-        cache.update(*(torch.randn(batch, heads, 1024, *dims).to(dtype) for heads, *dims in shapes))
-    x = torch.randn(batch, 1, hidden).to(dtype)
-
-    def step():
-        cache.rewind(context)
-        with torch.no_grad():
-            return module(x, cache=cache)
-    step()
-    peak = profile_call(step, torch.device("cpu"))["cpu_tensor_peak_bytes"]
-    read = batch * layer.positions_read(context) * sum(math.prod(shape) for shape in shapes) * x.element_size()
+    peak = step_peak_bytes(module, shapes, batch, context, hidden)
+    read = batch * layer.positions_read(context) * sum(math.prod(shape) for shape in shapes) * dtype.itemsize
     assert peak is not None and peak < read / 2, f"a step allocated {peak:,} bytes, it reads {read:,} bytes of cache"
 
 

@@ -26,6 +26,7 @@ import torch
 
 from attention.decoding import KVCache, SlidingWindowKVCache
 from attention.models import MODELS, config_value
+from tests.test_models import INF, LINEAR, LLAMA3, NAN, YARN
 
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
 # A small valid config of each family's class, as a plain mapping; layer 0 is a local layer (window 4 or chunk 4)
@@ -142,11 +143,6 @@ def test_a_cache_the_layer_did_not_make_is_refused_in_every_family(family):
 
 # Configs: what is refused, in every family's copy of the checks.
 
-LINEAR = {"rope_type": "linear", "factor": 2.0}
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 16}
-YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
-NAN, INF = float("nan"), float("inf")
 # (fields replacing the family's, error, what the message must say): read on every family's global (RoPE) layer.
 BAD_FIELDS = [
     (dict(model_type="bert"), ValueError,

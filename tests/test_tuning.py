@@ -11,13 +11,11 @@ import torch
 
 import attention.causal.gqa as gqa_file
 import attention.decoding.kernels as kernels
+import attention.decoding.tuning as tuning
 from attention.causal.gqa import GroupedQueryAttention
 from attention.decoding import TUNING_ENV, chosen, forget_choices
-from attention.decoding.tuning import TIMED_CALLS, fastest
 from attention.models import MODELS
 from tests.test_models import config_of
-
-import attention.decoding.tuning as tuning
 
 
 @pytest.fixture(autouse=True)
@@ -92,7 +90,7 @@ def test_each_shape_class_is_timed_once(monkeypatch):
     with torch.no_grad():
         module(x[:, :9], cache=cache)  # a prompt of 9: a class of its own (9 new tokens)
         timed_once = len(calls)
-        assert timed_once == 1 + TIMED_CALLS  # one untimed call, then the timed ones; then SDPA won, no real call
+        assert timed_once == 1 + tuning.TIMED_CALLS  # one untimed call, then the timed ones; then SDPA won, no real call
         for t in range(9, 15):  # cache lengths 10..15: one power of two (8..15), one class
             module(x[:, t:t + 1], cache=cache)
         assert len(calls) == 2 * timed_once
@@ -142,7 +140,7 @@ def test_when_every_candidate_fails_the_rule_is_taken_and_its_error_raised():
     def fails():
         raise RuntimeError("no such kernel here")
 
-    assert fastest(("test",), {"a": fails, "b": fails}, "b") == "b" and chosen() == {("test",): "b"}
+    assert tuning.fastest(("test",), {"a": fails, "b": fails}, "b") == "b" and chosen() == {("test",): "b"}
 
 
 def test_dropout_keeps_the_fixed_rule_because_timing_would_draw_random_numbers(monkeypatch):

@@ -24,7 +24,7 @@ import torch
 from attention.bench import core, metrics
 from attention.bench.results import BOOLEAN, BYTES, MAX_ROWS, POSITIVE, RATE, SHARE, disordered, mismatches, new_row
 from attention.schema import config_problems, field_rules, in_range, integer, list_of, nullable, one_of, record, text
-from attention.bench.sweeps.decode_layers import KERNELS, LAYERS, MLA, Layer, grouped, head_sizes, step_flops  # noqa: F401
+from attention.bench.sweeps.decode_layers import LAYERS, head_sizes
 from attention.decoding import chosen, forget_choices
 from attention.reference import tolerance
 
