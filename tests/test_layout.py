@@ -45,7 +45,8 @@ def test_nothing_that_measures_imports_what_shows():  # so nothing there can cal
 
 @pytest.mark.parametrize("budget, paths, what", [
     (1400, lambda: sorted((PACKAGE / "bench").glob("*.py")), "the measuring core, attention/bench/*.py"),
-    (1800, lambda: files("report"), "what shows results, attention/report/"),
+    # 1,800 until the bounds sweep's module and the decode page's `auto` sentences (issue 46) joined it.
+    (2000, lambda: files("report"), "what shows results, attention/report/"),
 ])
 def test_the_benchmark_stays_within_its_budget(budget, paths, what):
     assert lines(paths()) <= budget, f"{what}: {lines(paths())} lines, the budget is {budget}"

@@ -21,6 +21,7 @@ SWEEPS = {name: importlib.import_module(f"attention.bench.sweeps.{name}") for na
     "decode",
     "ring",
     "prefill",
+    "bounds",
 )}
 
 
