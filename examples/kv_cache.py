@@ -311,3 +311,13 @@ path, decode_run = recorded("decode")  # float32
 
 # %% tags=["hide-input"]
 show_markdown(cache_section(path, decode_run))
+
+# %% [markdown]
+# What the timing chose on each machine with a recorded run, and how close the default came to the
+# faster of the two kernels forced:
+
+# %%
+from attention.report.decode import choice_section
+from attention.report.long import recorded_runs
+
+show_markdown(choice_section(recorded_runs("decode")))

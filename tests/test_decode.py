@@ -358,3 +358,56 @@ def test_a_model_is_one_record_and_the_sweep_uses_only_the_cache_contract(monkey
     with quick_yardsticks():
         rows = run_decode(models=("toy",), batches=(1,), contexts=(64,), kernels=("matmul",))["decode"]["rows"]
     assert rows[0]["correct"] is False and rows[0]["reason"] == "output differs from the float64 reference"
+
+
+def with_times(result, times):
+    """`result` with the medians and quartiles of its rows set from `times` ({(model, kernel, batch, context): ms};
+    others 10 ms), and `auto` rows' choices from the kernel it is given the time of (`chose` from `times`' keys)."""
+    changed = copy.deepcopy(result)
+    for row in changed["decode"]["rows"]:
+        ms = times.get((row["model"], row["kernel"], row["batch"], row["context"]), 10.0)
+        row.update(ms_q1=ms * 0.99, ms_median=ms, ms_q3=ms * 1.01, bandwidth_gbps_paired=20.0)
+    return changed
+
+
+def test_auto_is_set_beside_the_fastest_forced_kernel_at_every_shape(decode_result):
+    """The sentence counts the shapes where the default ran within 5% of the faster forced kernel, each time corrected
+    for the machine's drift by the read rate timed beside it, and names the largest gap and whether `auto` chose that
+    kernel; the choices read `chose` per model, batch size and context."""
+    contexts = decode_result["decode"]["contexts"]
+    slow = with_times(decode_result, {("GQA", "auto", 2, contexts[1]): 12.0, ("GQA", "matmul", 2, contexts[1]): 8.0})
+    gqa = next(row for row in slow["decode"]["rows"] if (row["model"], row["kernel"], row["batch"], row["context"])
+               == ("GQA", "auto", 2, contexts[1]))
+    gqa["chose"] = "sdpa"
+    sentence = report.decode.auto_sentence(slow)
+    assert "the default, `auto`, ran within 5% of the fastest forced kernel at 11 of 12 shapes;" in sentence
+    assert (f"the largest gap: 1.50x `matmul`'s time (GQA, batch 2, {contexts[1]:,} positions; `auto` chose `sdpa`)"
+            in sentence)
+    gqa.update(chose="matmul", bandwidth_gbps_paired=15.0)  # the machine ran slower beside it: a smaller gap
+    assert ("1.12x `matmul`'s time (GQA, batch 2, " in report.decode.auto_sentence(slow)
+            and "the same kernel it ran: the gap is the rows' timing, not the choice" in report.decode.auto_sentence(slow))
+    assert "at 12 of 12 shapes" in report.decode.auto_sentence(with_times(decode_result, {}))
+    assert "at 4 of 4 shapes" in report.decode.auto_sentence(slow, models=("MHA",))
+    chose = copy.deepcopy(decode_result)
+    for row in report.decode.decode_rows(chose, kernel="auto"):
+        row["chose"] = ("matmul" if row["model"] == "MQA" or row["batch"] == 2 and row["context"] == contexts[1]
+                        else "sdpa") + (" row_split" if row["batch"] == 1 else "")
+    words = report.decode.choice_words(chose)
+    assert words.startswith(f"MHA `sdpa` at batch 1 (every context), batch 2 ({contexts[0]:,}); `matmul` at batch 2 "
+                            f"({contexts[1]:,}); GQA ")
+    assert "; MQA `matmul` at batch 1 (every context), batch 2 (every context)." in words
+    assert words.endswith("One token's projections: `row_split`.")
+
+
+def test_the_kv_cache_page_names_each_machines_choice_or_says_none_is_recorded(decode_result):
+    stale = copy.deepcopy(decode_result)
+    stale["provenance"]["source_files"] = dict.fromkeys(stale["provenance"]["source_files"], "0" * 64)
+    section = report.decode.choice_section([("docs/results/decode/a.json", decode_result),
+                                            ("docs/results/decode/b.json", stale)])
+    first, second = section.splitlines()
+    assert first.startswith(f"- **{report.format.title_suffix(decode_result)}** (`docs/results/decode/a.json`): MHA `")
+    assert "within 5% of the fastest forced kernel" in first and "(`docs/results/decode/b.json`, stale)" in second
+    forced = copy.deepcopy(decode_result)
+    forced["decode"]["rows"] = [row for row in forced["decode"]["rows"] if row["kernel"] != "auto"]
+    assert report.decode.choice_section([("a.json", forced)]).startswith("No recorded run times `auto` yet")
+    assert report.decode.auto_sentence(forced) == "" and report.decode.choice_words(forced) == ""

@@ -5,6 +5,7 @@ Benchmarks page (the sweep itself: `attention.bench.sweeps.decode`).
 import statistics
 
 from attention.bench.sweeps.decode import NAME
+from attention.bench.results import is_stale
 from attention.report.format import collapsed, number, run_line, status_cell, table, title_suffix
 
 GROUPED = ("MHA", "GQA", "MQA")  # the KV cache page's layers; the others are on the current models and MLA pages
@@ -138,6 +139,75 @@ def bandwidth_note(result):
     return note + (f" Matmul rate (2048² {result['dtype']}, same run): {number(matmul['tflops'])} TFLOP/s." if matmul else "")
 
 
+ATTENTION_CHOICES, PROJECTION_CHOICES = ("sdpa", "matmul"), ("linear", "row_split")  # the words of a row's `chose`
+
+
+def auto_pairs(result, models=None):
+    """`(auto row, the fastest forced kernel's row)` at each model (of `models`, default all), batch and context where
+    `auto` and a forced kernel were measured and correct."""
+    pairs = []
+    for row in decode_rows(result, kernel="auto"):
+        forced = [other for other in decode_rows(result, row["batch"], row["model"], context=row["context"])
+                  if other["kernel"] != "auto"]
+        if (models is None or row["model"] in models) and forced:
+            pairs.append((row, min(forced, key=lambda other: other["ms_median"])))
+    return pairs
+
+
+def drift_corrected(row):
+    """A row's median time at one machine speed: times the read rate timed beside it (the rankings' correction)."""
+    return row["ms_median"] * row["bandwidth_gbps_paired"]
+
+
+def auto_sentence(result, models=None, goal=1.05):
+    """The default's time against the fastest forced kernel's at every shape with both (corrected for the machine's
+    drift between the rows, `drift_corrected`), in words; "" without any."""
+    pairs = auto_pairs(result, models)
+    if not pairs:
+        return ""
+    ratio = {id(auto): drift_corrected(auto) / drift_corrected(best) for auto, best in pairs}
+    worst, best = max(pairs, key=lambda pair: ratio[id(pair[0])])
+    within = sum(value <= goal for value in ratio.values())
+    chose = next((word for word in worst["chose"].split() if word in ATTENTION_CHOICES), "?")
+    why = ("the same kernel it ran: the gap is the rows' timing, not the choice" if chose == best["kernel"]
+           else f"`auto` chose `{chose}`")
+    return (f"Corrected for the machine's drift between rows (each median times the read rate timed beside it), the "
+            f"default, `auto`, ran within {goal - 1:.0%} of the fastest forced kernel at {within} of {len(pairs)} "
+            f"shapes; the largest gap: {ratio[id(worst)]:.2f}x `{best['kernel']}`'s time ({worst['model']}, batch "
+            f"{worst['batch']}, {worst['context']:,} positions; {why}).")
+
+
+def contexts_words(contexts, measured):
+    return "every context" if contexts == measured else ", ".join(f"{context:,}" for context in contexts)
+
+
+def choice_words(result, models=GROUPED):
+    """What `auto`'s timing chose on the run's machine for each of `models`, by batch size and context, in words."""
+    measured, parts = axes(result)[3], []
+    for model in models:
+        chosen = {}
+        for row in sorted(decode_rows(result, model=model, kernel="auto"), key=lambda row: (row["batch"], row["context"])):
+            words = row["chose"].split()
+            attention = next((word for word in words if word in ATTENTION_CHOICES), "?")
+            chosen.setdefault(attention, {}).setdefault(row["batch"], []).append(row["context"])
+        if chosen:
+            parts.append(f"{model} " + "; ".join(f"`{kernel}` at " + ", ".join(
+                f"batch {batch} ({contexts_words(contexts, measured)})" for batch, contexts in by_batch.items())
+                for kernel, by_batch in chosen.items()))
+    projections = sorted({word for row in decode_rows(result, kernel="auto", batch=1) for word in row["chose"].split()
+                          if word in PROJECTION_CHOICES})
+    return ("; ".join(parts) + "." + (f" One token's projections: `{'`, `'.join(projections)}`." if projections else "")
+            if parts else "")
+
+
+def choice_section(runs, models=GROUPED):
+    """Per recorded run (`[(path, result)]`) with `auto` rows: its device, what the timing chose there and how close
+    the default came to the fastest forced kernel, one bullet each (a sentence saying so where no run has `auto` rows)."""
+    lines = [f"- **{title_suffix(result)}** (`{path}`{', stale' if is_stale(result) else ''}): {choice_words(result, models)} "
+             f"{auto_sentence(result, models)}" for path, result in runs if auto_pairs(result, models)]
+    return "\n".join(lines) or "No recorded run times `auto` yet: the decode profile records it beside the forced kernels."
+
+
 def charts(result):
     return {kind: (plot_decode(result, metric), f"decode {words} of one attention layer against context, a panel per "
                                                 f"model, {title_suffix(result)}")
@@ -152,7 +222,8 @@ def batch_tables(result):
 
 
 def tables(result):
-    return "\n\n".join([bandwidth_note(result), decode_summary_table(result), *batch_tables(result)])
+    return "\n\n".join(part for part in [bandwidth_note(result), auto_sentence(result), decode_summary_table(result),
+                                       *batch_tables(result)] if part)
 
 
 def page(result, images):
@@ -163,7 +234,8 @@ def page(result, images):
         f"One attention layer of {section['num_heads']} query heads of {section['head_dim']} (MHA, GQA, MQA, the model "
         f"families' layers and MLA at those sizes): the fastest kernel's tokens per second · share of "
         f"{share_words(result)}, at the two longest contexts:",
-        decode_summary_table(result, contexts=axes(result)[3][-2:]), images.pop("tokens", ""), bandwidth_note(result),
+        decode_summary_table(result, contexts=axes(result)[3][-2:]), images.pop("tokens", ""),
+        " ".join(part for part in (bandwidth_note(result), auto_sentence(result)) if part),
         collapsed("Every kernel and context, and the share of the bandwidth against context",
                   "\n\n".join(batch_tables(result) + list(images.values())))])
 
@@ -175,6 +247,13 @@ def mla_pairs(result):
     """MLA's (absorbed, naive) rows measured at the same batch size and context."""
     return [(a, n) for a in decode_rows(result, model="MLA", kernel="absorbed")
             for n in decode_rows(result, a["batch"], "MLA", "naive", a["context"])]
+
+
+def forced_only(result):
+    """`result` with its decode rows of the forced kernels only: the teaching pages compare the kernels themselves, and
+    say what `auto` chose between them apart (`choice_section`)."""
+    rows = [row for row in result[NAME]["rows"] if row["kernel"] != "auto"]
+    return result | {NAME: result[NAME] | {"rows": rows}}
 
 
 def teaching(path, result, models, contexts, lines, fastest=False):
@@ -190,6 +269,7 @@ def teaching(path, result, models, contexts, lines, fastest=False):
 def cache_section(path, result, contexts=(4096, 16384, 32768), context=16384):
     """The KV cache page's recorded run: MHA, GQA and MQA through both kernels at batch 1 (6 rows), then what the
     smaller caches buy at `context` (the fastest kernels)."""
+    result = forced_only(result)
     mha, gqa, mqa = (decode_best(result, model, 1, context) for model in GROUPED)
     return teaching(path, result, GROUPED, contexts, [
         f"At {context:,} positions GQA reads {mha['cache_bytes_per_token'] // gqa['cache_bytes_per_token']}x less "
@@ -202,6 +282,7 @@ def cache_section(path, result, contexts=(4096, 16384, 32768), context=16384):
 def layers_section(path, result, layers, context=16384):
     """The current models page's recorded run: the fastest kernel of each of `layers` at batch 1 and `context` (a row
     per layer), then in words each local layer's cache and speed against its global twin's."""
+    result = forced_only(result)
     lines = []
     for name, twin in (("Gemma-2-local", "Gemma-2-global"), ("gpt-oss-local", "gpt-oss-global")):
         local, full = (decode_best(result, layer, 1, context) for layer in (name, twin))
@@ -216,6 +297,7 @@ def layers_section(path, result, layers, context=16384):
 def latent_section(path, result, contexts=(4096, 16384, 32768), context=16384):
     """The MLA page's recorded run: GQA, MQA and MLA's two paths at batch 1 (6 rows), then in words: the absorbed
     path's rate against GQA's at `context`, and where the naive path is faster."""
+    result = forced_only(result)
     absorbed, gqa = decode_best(result, "MLA", 1, context, "absorbed"), decode_best(result, "GQA", 1, context)
     pairs = mla_pairs(result)
     faster = [f"batch {a['batch']} at {a['context']:,}" for a, n in pairs if n["tokens_per_s"] > a["tokens_per_s"]]

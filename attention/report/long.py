@@ -22,6 +22,13 @@ def recorded(folder="long", device_type="cpu", dtype="float32"):
     raise FileNotFoundError(f"no recorded {device_type} {dtype} run in docs/results/{folder}")
 
 
+def recorded_runs(folder, dtype="float32"):
+    """`[(path, result)]`: every run of `dtype` under `docs/results/<folder>/`, newest first."""
+    runs = [(path.relative_to(RESULTS_DIR.parents[1]).as_posix(), load_result(path))
+            for path in find_results(RESULTS_DIR / folder)]
+    return [(path, result) for path, result in runs if result["dtype"] == dtype]
+
+
 def device_titled(fig, result):
     """`fig` with the device in its titles named as `run_device` does, on a line of its own."""
     for text in [*fig.texts, *(ax.title for ax in fig.axes)]:
