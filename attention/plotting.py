@@ -449,3 +449,43 @@ def outer_labels(axes, ncols):
             ax.set_ylabel("")
         if index + ncols < len(axes):
             ax.set_xlabel("")
+
+
+def flash_tiles(T_q, T_k, block_m, block_n, causal):
+    """`{(query tile, key tile): kind}` of a FlashAttention forward over `T_q` queries and `T_k` keys in tiles of
+    `block_m` x `block_n`: "skipped" (causal: past the tile's last query, never loaded), "masked" (loaded, and some of
+    its pairs are masked: on the diagonal, or past `T_q` or `T_k` at the edges) or "full"."""
+    tiles = {}
+    for i in range(math.ceil(T_q / block_m)):
+        end = min(T_k, (i + 1) * block_m) if causal else T_k  # the kernel's loop bound for query tile i
+        for j in range(math.ceil(T_k / block_n)):
+            edge = (i + 1) * block_m > T_q or (j + 1) * block_n > T_k
+            diagonal = causal and (j + 1) * block_n - 1 > i * block_m  # a key past the tile's first query
+            tiles[i, j] = "skipped" if j * block_n >= end else "masked" if edge or diagonal else "full"
+    return tiles
+
+
+def plot_flash_tiles(T_q, T_k, block_m, block_n, title=None):
+    """The score matrix of a FlashAttention forward cut into tiles, not causal and causal side by side: which tiles a
+    program loads and computes in full, which it masks inside, and which it skips (`flash_tiles`)."""
+    from matplotlib.patches import Patch, Rectangle
+
+    colors = {"full": "#4c72b0", "masked": "#dd8452", "skipped": "#eeeeee"}
+    fig = new_figure(1, 2, (T_q, T_k))
+    for ax, causal in zip(fig.subplots(1, 2), (False, True)):
+        for (i, j), kind in flash_tiles(T_q, T_k, block_m, block_n, causal).items():
+            ax.add_patch(Rectangle((j * block_n, i * block_m), block_n, block_m, facecolor=colors[kind],
+                                   edgecolor="white", linewidth=1.5))
+        ax.plot([0, T_k, T_k], [T_q, T_q, 0], color="black", linestyle="--", linewidth=1)  # the real lengths
+        rows, cols = math.ceil(T_q / block_m), math.ceil(T_k / block_n)
+        ax.set(xlim=(0, cols * block_n), ylim=(rows * block_m, 0), xlabel="key position",
+               ylabel="query position (a program per row of tiles)", title="causal" if causal else "not causal")
+        ax.set_aspect("equal")
+        for i in range(rows):
+            ax.text(cols * block_n + 4, (i + 0.5) * block_m, f"program {i}", va="center", fontsize=8)
+    fig.legend(handles=[Patch(color=colors[kind], label=label) for kind, label in (
+        ("full", "computed, no mask"), ("masked", "computed, masked inside"), ("skipped", "skipped: never loaded"))],
+        loc="outside lower center", ncols=3, fontsize=8)
+    fig.suptitle(title or f"Tiles of {block_m} queries x {block_n} keys over T_q = {T_q}, T_k = {T_k} "
+                          "(dashed: the real lengths)", fontsize=10)
+    return fig

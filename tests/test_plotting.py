@@ -260,3 +260,20 @@ def test_sweep_chart_guides_start_at_the_data():
     guides = [line for line in ax.lines if line.get_label().startswith("O(")]
     assert len(guides) == 2
     assert all(min(line.get_ydata()) >= min(data) * 0.999 for line in guides)
+
+
+def test_flash_tiles_name_what_each_program_loads_masks_and_skips():
+    """Over 200 queries and keys in tiles of 64: not causal, only the last row and column of tiles hold pairs past the
+    length; causal, the tiles above the diagonal are never loaded, those on it are masked inside."""
+    from attention.plotting import flash_tiles, plot_flash_tiles
+
+    full = flash_tiles(200, 200, 64, 64, causal=False)
+    assert len(full) == 16 and {key for key, kind in full.items() if kind == "masked"} == {
+        (i, j) for i in range(4) for j in range(4) if 3 in (i, j)}
+    causal = flash_tiles(200, 200, 64, 64, causal=True)
+    assert {key for key, kind in causal.items() if kind == "skipped"} == {(i, j) for i in range(4) for j in range(4) if j > i}
+    assert {key for key, kind in causal.items() if kind == "full"} == {(i, j) for i in range(3) for j in range(i)}
+    assert flash_tiles(100, 40, 16, 32, causal=False)[6, 1] == "masked"  # keys 32..63 run past T_k = 40
+    fig = plot_flash_tiles(200, 200, 64, 64)
+    assert [ax.get_title() for ax in fig.axes] == ["not causal", "causal"]
+    assert sum(len(ax.patches) for ax in fig.axes) == 32 and "T_q = 200" in fig.get_suptitle()

@@ -21,6 +21,7 @@
 """
 
 import hashlib
+import importlib.util
 import importlib.metadata
 import json
 import logging
@@ -90,6 +91,10 @@ def on_config(config):
         log.info("mkdocs serve: caching executed examples in %s", cache_dir)
     else:
         plugin.config["cache"] = False
+    if importlib.util.find_spec("triton") is None:  # Triton ships wheels for Linux x86-64 only
+        plugin.config["execute_ignore"] = [*plugin.config["execute_ignore"], f"{EXAMPLES_DIR}/triton_flash.py"]
+        log.warning("Triton is not installed (it ships wheels for Linux x86-64): the FlashAttention in Triton page "
+                    "shows its code unexecuted")
     if only := os.environ.get("ATTENTION_DOCS_EXECUTE"):
         wanted = {name.strip() for name in only.split(",")}
         plugin.config["execute_ignore"] = [f"{EXAMPLES_DIR}/{script.name}" for script in (root / EXAMPLES_DIR).glob("*.py")
