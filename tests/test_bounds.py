@@ -113,7 +113,7 @@ def with_shares(result, shares, dtype="float32", flags=("avx2", "fma")):
 def test_the_sentences_name_the_fastest_read_and_what_is_pytorchs(result):
     changed = with_shares(result, {("sdpa_causal", 32): 0.58, ("sdpa_decode", 256): 0.41, ("scores_matmul", 256): 0.77})
     prompt, *reads = report.bounds.sentences(changed)
-    assert "58% of the float32 matmul timed beside it" in prompt and "gap from it to 100% is PyTorch's" in prompt
+    assert "58% of the float32 matmul (64²) timed beside it" in prompt and "What separates this share from 100% is PyTorch's kernel" in prompt
     assert "So 90% of the paired matmul in float32 is not a goal" in prompt
     assert len(reads) == 2 and "Over a cache of 64 positions" in reads[0]
     assert "fastest single PyTorch operation here is `scores_matmul`" in reads[1] and "77% of the plain read" in reads[1]

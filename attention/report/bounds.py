@@ -9,7 +9,7 @@ from attention.machine import cpu_features_label
 from attention.report.format import number, percent, run_line, status_cell, table
 
 UNIT_NAMES = {"matmul": "TFLOP/s", "read": "GB/s"}
-YARDSTICK_NAMES = {"matmul": "matmul", "read": "plain read (a sum)"}
+YARDSTICK_NAMES = {"matmul": "matmul", "read": "sum"}
 
 
 def bound_rows(result):
@@ -25,7 +25,8 @@ def shape_text(row):
 def bounds_table(result):
     lines = [[f"`{row['kernel']}`", shape_text(row), status_cell(row, lambda r: number(r["ms_median"])),
               status_cell(row, lambda r: f"{number(r['rate'])} {UNIT_NAMES[r['bound']]}"),
-              status_cell(row, lambda r: f"{number(r['yardstick_rate_paired'])} ({YARDSTICK_NAMES[r['bound']]})"),
+              status_cell(row, lambda r: f"{number(r['yardstick_rate_paired'])} {UNIT_NAMES[r['bound']]} "
+                                         f"({YARDSTICK_NAMES[r['bound']]})"),
               status_cell(row, lambda r: percent(r["share_of_paired_yardstick"]))] for row in bound_rows(result)]
     return table(["kernel", "shape", "ms", "rate", "yardstick beside it", "share"], lines, "llrrrr")
 
@@ -45,13 +46,13 @@ def prompt_sentence(result, row):
     """What a prompt's (prefill's) share of the paired matmul owes to PyTorch's SDPA kernel, from the run."""
     dtype, flags = result["dtype"], result["provenance"]["device"].get("cpu_flags")
     text = (f"**A prompt.** PyTorch's causal SDPA kernel alone ({shape_text(row)}, no projection) ran at "
-            f"{number(row['rate'])} TFLOP/s, {percent(row['share_of_paired_yardstick'])} of the {dtype} matmul timed "
-            "beside it")
+            f"{number(row['rate'])} TFLOP/s, {percent(row['share_of_paired_yardstick'])} of the {dtype} matmul "
+            f"({result[NAME]['matmul_size']:,}²) timed beside it")
     if dtype == "bfloat16":
         text += f" (on this CPU, {cpu_features_label(flags)}, {bfloat16_words(flags)})"
-    text += (". Read a class's share of its paired matmul (the sequence, long and prefill tabs) against it: for a "
-             "class that calls this kernel, the gap up to it is the class's own work around the kernel (projections, "
-             "layouts, copies), and the gap from it to 100% is PyTorch's kernel on this machine.")
+    text += (". The classes' shares on the sequence, long and prefill tabs count their projections too, which run at "
+             "about the matmul's rate; the attention of a class that calls this kernel runs no faster than it. What "
+             "separates this share from 100% is PyTorch's kernel on this machine, not this project's code.")
     goal = {"float32": 0.9, "bfloat16": 0.6}.get(dtype)
     if goal is not None and row["share_of_paired_yardstick"] < goal:
         text += (f" So {percent(goal)} of the paired matmul in {dtype} is not a goal for a class built on PyTorch's "
@@ -68,9 +69,9 @@ def decode_sentence(rows):
             f"{percent(best['share_of_paired_yardstick'])} of the plain read timed beside it")
     text += "".join(f"; `{row['kernel']}` reads at {number(row['rate'])} GB/s "
                     f"({percent(row['share_of_paired_yardstick'])})" for row in others)
-    return text + (". Read a decode row's share of the paired read against it: the gap up to it is the layer's own "
-                   "(its projections, its weights, any copy), and the gap from it to 100% is how PyTorch's operations "
-                   "read memory on this machine.")
+    return text + (". A decode step reads its cache through operations like these (at its own shapes) and its "
+                   "weights through `F.linear`: what separates this share from 100% is how PyTorch's operations read "
+                   "memory on this machine, not this project's code.")
 
 
 def sentences(result):
