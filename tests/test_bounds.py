@@ -123,9 +123,9 @@ def test_the_sentences_name_the_fastest_read_and_what_is_pytorchs(result):
 
 
 @pytest.mark.parametrize("flags, words", [
-    (("avx2", "amx_tile", "amx_bf16", "avx512_bf16"), "AMX, it multiplies them on AMX tiles"),
-    (("avx2", "avx512f", "avx512_bf16"), "AVX-512 BF16, it multiplies them with AVX-512 BF16 dot products"),
-    (("avx2", "fma"), "AVX2, no instruction of it multiplies them"),
+    (("avx2", "amx_tile", "amx_bf16", "avx512_bf16"), "On this CPU (AMX), bfloat16 matrices multiply on AMX tiles."),
+    (("avx2", "avx512f", "avx512_bf16"), "(AVX-512 BF16), bfloat16 matrices multiply with AVX-512 BF16 dot products"),
+    (("avx2", "fma"), "On this CPU (AVX2), no instruction multiplies bfloat16 numbers"),
 ])
 def test_a_bfloat16_run_says_how_its_cpu_multiplies_bfloat16(result, flags, words):
     prompt = report.bounds.sentences(with_shares(result, {("sdpa_causal", 32): 0.3}, "bfloat16", flags))[0]

@@ -36,10 +36,10 @@ def bfloat16_words(flags):
     if flags is None:
         return "its instruction-set flags were not recorded"
     if "amx_bf16" in flags:
-        return "it multiplies them on AMX tiles"
+        return "bfloat16 matrices multiply on AMX tiles"
     if "avx512_bf16" in flags:
-        return "it multiplies them with AVX-512 BF16 dot products (no AMX)"
-    return "no instruction of it multiplies them (no AMX, no AVX-512 BF16): PyTorch widens them to float32 first"
+        return "bfloat16 matrices multiply with AVX-512 BF16 dot products (no AMX)"
+    return "no instruction multiplies bfloat16 numbers (neither AMX nor AVX-512 BF16): PyTorch widens them to float32 first"
 
 
 def prompt_sentence(result, row):
@@ -47,10 +47,10 @@ def prompt_sentence(result, row):
     dtype, flags = result["dtype"], result["provenance"]["device"].get("cpu_flags")
     text = (f"**A prompt.** PyTorch's causal SDPA kernel alone ({shape_text(row)}, no projection) ran at "
             f"{number(row['rate'])} TFLOP/s, {percent(row['share_of_paired_yardstick'])} of the {dtype} matmul "
-            f"({result[NAME]['matmul_size']:,}²) timed beside it")
+            f"({result[NAME]['matmul_size']:,}²) timed beside it.")
     if dtype == "bfloat16":
-        text += f" (on this CPU, {cpu_features_label(flags)}, {bfloat16_words(flags)})"
-    text += (". The classes' shares on the sequence, long and prefill tabs count their projections too, which run at "
+        text += f" On this CPU ({cpu_features_label(flags)}), {bfloat16_words(flags)}."
+    text += (" The classes' shares on the sequence, long and prefill tabs count their projections too, which run at "
              "about the matmul's rate; the attention of a class that calls this kernel runs no faster than it. What "
              "separates this share from 100% is PyTorch's kernel on this machine, not this project's code.")
     goal = {"float32": 0.9, "bfloat16": 0.6}.get(dtype)
