@@ -301,23 +301,17 @@ show_source(grouped_decode_attention)
 # is faster depends on the CPU, so the default, `decode_kernel="auto"`, times both on its first step
 # of each shape and keeps the faster for the process (`ATTENTION_TUNING=off`: no timing). Tokens per
 # second are for this one layer; a model runs every layer per token. The recorded run, read by
-# `attention.report.decode`:
+# `attention.report.decode`, then what `auto` chose on each machine with a recorded run:
 
 # %%
-from attention.report.decode import cache_section
-from attention.report.long import recorded
+from attention.report.decode import cache_section, choice_section
+from attention.report.long import recorded, recorded_runs
 
-path, decode_run = recorded("decode")  # float32
+path, decode_run = recorded("decode")  # float32, the newest run
+decode_runs = recorded_runs("decode")  # float32, every machine's
 
 # %% tags=["hide-input"]
 show_markdown(cache_section(path, decode_run))
 
-# %% [markdown]
-# What the timing chose on each machine with a recorded run, and how close the default came to the
-# faster of the two kernels forced:
-
-# %%
-from attention.report.decode import choice_section
-from attention.report.long import recorded_runs
-
-show_markdown(choice_section(recorded_runs("decode")))
+# %% tags=["hide-input"]
+show_markdown(choice_section(decode_runs))

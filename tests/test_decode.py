@@ -380,7 +380,7 @@ def test_auto_is_set_beside_the_fastest_forced_kernel_at_every_shape(decode_resu
                == ("GQA", "auto", 2, contexts[1]))
     gqa["chose"] = "sdpa"
     sentence = report.decode.auto_sentence(slow)
-    assert "the default, `auto`, ran within 5% of the fastest forced kernel at 11 of 12 shapes;" in sentence
+    assert "`auto` ran within 5% of the fastest forced kernel at 11 of 12 shapes;" in sentence
     assert (f"the largest gap: 1.50x `matmul`'s time (GQA, batch 2, {contexts[1]:,} positions; `auto` chose `sdpa`)"
             in sentence)
     gqa.update(chose="matmul", bandwidth_gbps_paired=15.0)  # the machine ran slower beside it: a smaller gap
@@ -395,7 +395,7 @@ def test_auto_is_set_beside_the_fastest_forced_kernel_at_every_shape(decode_resu
     words = report.decode.choice_words(chose)
     assert words.startswith(f"MHA `sdpa` at batch 1 (every context), batch 2 ({contexts[0]:,}); `matmul` at batch 2 "
                             f"({contexts[1]:,}); GQA ")
-    assert "; MQA `matmul` at batch 1 (every context), batch 2 (every context)." in words
+    assert "; MQA `matmul` everywhere." in words
     assert words.endswith("One token's projections: `row_split`.")
 
 
@@ -405,9 +405,17 @@ def test_the_kv_cache_page_names_each_machines_choice_or_says_none_is_recorded(d
     section = report.decode.choice_section([("docs/results/decode/a.json", decode_result),
                                             ("docs/results/decode/b.json", stale)])
     first, second = section.splitlines()
-    assert first.startswith(f"- **{report.format.title_suffix(decode_result)}** (`docs/results/decode/a.json`): MHA `")
-    assert "within 5% of the fastest forced kernel" in first and "(`docs/results/decode/b.json`, stale)" in second
+    assert first.startswith(f"- **{report.format.title_suffix(decode_result)}** (`a.json`): MHA `")
+    assert "within 5% of the fastest forced kernel" in first and "(`b.json`, stale)" in second
     forced = copy.deepcopy(decode_result)
     forced["decode"]["rows"] = [row for row in forced["decode"]["rows"] if row["kernel"] != "auto"]
     assert report.decode.choice_section([("a.json", forced)]).startswith("No recorded run times `auto` yet")
     assert report.decode.auto_sentence(forced) == "" and report.decode.choice_words(forced) == ""
+
+
+def test_contexts_read_as_every_context_a_range_or_a_list():
+    measured = [1024, 2048, 4096, 8192]
+    assert report.decode.contexts_words(measured, measured) == "every context"
+    assert report.decode.contexts_words([2048, 4096, 8192], measured) == "2,048 to 8,192"
+    assert report.decode.contexts_words([1024, 4096], measured) == "1,024, 4,096"
+    assert report.decode.contexts_words([1024, 2048], measured) == "1,024, 2,048"

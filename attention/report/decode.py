@@ -171,14 +171,20 @@ def auto_sentence(result, models=None, goal=1.05):
     chose = next((word for word in worst["chose"].split() if word in ATTENTION_CHOICES), "?")
     why = ("the same kernel it ran: the gap is the rows' timing, not the choice" if chose == best["kernel"]
            else f"`auto` chose `{chose}`")
-    return (f"Corrected for the machine's drift between rows (each median times the read rate timed beside it), the "
-            f"default, `auto`, ran within {goal - 1:.0%} of the fastest forced kernel at {within} of {len(pairs)} "
+    return (f"Corrected for drift (each median times the read rate beside it), `auto` ran within {goal - 1:.0%} of the fastest forced kernel at {within} of {len(pairs)} "
             f"shapes; the largest gap: {ratio[id(worst)]:.2f}x `{best['kernel']}`'s time ({worst['model']}, batch "
             f"{worst['batch']}, {worst['context']:,} positions; {why}).")
 
 
 def contexts_words(contexts, measured):
-    return "every context" if contexts == measured else ", ".join(f"{context:,}" for context in contexts)
+    """`contexts` (of the run's `measured` ones) in words: "every context", a run of neighbours as "a to b", else
+    listed."""
+    if contexts == measured:
+        return "every context"
+    start = measured.index(contexts[0])
+    if len(contexts) > 2 and measured[start:start + len(contexts)] == contexts:
+        return f"{contexts[0]:,} to {contexts[-1]:,}"
+    return ", ".join(f"{context:,}" for context in contexts)
 
 
 def choice_words(result, models=GROUPED):
@@ -190,20 +196,25 @@ def choice_words(result, models=GROUPED):
             words = row["chose"].split()
             attention = next((word for word in words if word in ATTENTION_CHOICES), "?")
             chosen.setdefault(attention, {}).setdefault(row["batch"], []).append(row["context"])
-        if chosen:
+        everywhere = len(chosen) == 1 and all(contexts == measured for contexts in next(iter(chosen.values())).values())
+        if everywhere:
+            parts.append(f"{model} `{next(iter(chosen))}` everywhere")
+        elif chosen:
             parts.append(f"{model} " + "; ".join(f"`{kernel}` at " + ", ".join(
                 f"batch {batch} ({contexts_words(contexts, measured)})" for batch, contexts in by_batch.items())
                 for kernel, by_batch in chosen.items()))
     projections = sorted({word for row in decode_rows(result, kernel="auto", batch=1) for word in row["chose"].split()
                           if word in PROJECTION_CHOICES})
-    return ("; ".join(parts) + "." + (f" One token's projections: `{'`, `'.join(projections)}`." if projections else "")
-            if parts else "")
+    split = (f" One token's projections: `{projections[0]}`." if len(projections) == 1 else
+             " One token's projections: `linear` or `row_split` by weight shape." if projections else "")
+    return "; ".join(parts) + "." + split if parts else ""
 
 
 def choice_section(runs, models=GROUPED):
     """Per recorded run (`[(path, result)]`) with `auto` rows: its device, what the timing chose there and how close
     the default came to the fastest forced kernel, one bullet each (a sentence saying so where no run has `auto` rows)."""
-    lines = [f"- **{title_suffix(result)}** (`{path}`{', stale' if is_stale(result) else ''}): {choice_words(result, models)} "
+    lines = [f"- **{title_suffix(result)}** (`{path.rsplit('/', 1)[-1]}`{', stale' if is_stale(result) else ''}): "
+             f"{choice_words(result, models)} "
              f"{auto_sentence(result, models)}" for path, result in runs if auto_pairs(result, models)]
     return "\n".join(lines) or "No recorded run times `auto` yet: the decode profile records it beside the forced kernels."
 
