@@ -142,6 +142,11 @@ def bandwidth_note(result):
 ATTENTION_CHOICES, PROJECTION_CHOICES = ("sdpa", "matmul"), ("linear", "row_split")  # the words of a row's `chose`
 
 
+def attention_choice(row):
+    """The attention kernel an `auto` row's timing chose (`sdpa` or `matmul`), "?" where its `chose` names none."""
+    return next((word for word in row["chose"].split() if word in ATTENTION_CHOICES), "?")
+
+
 def auto_pairs(result, models=None):
     """`(auto row, the fastest forced kernel's row)` at each model (of `models`, default all), batch and context where
     `auto` and a forced kernel were measured and correct."""
@@ -168,7 +173,7 @@ def auto_sentence(result, models=None, goal=1.05):
     ratio = {id(auto): drift_corrected(auto) / drift_corrected(best) for auto, best in pairs}
     worst, best = max(pairs, key=lambda pair: ratio[id(pair[0])])
     within = sum(value <= goal for value in ratio.values())
-    chose = next((word for word in worst["chose"].split() if word in ATTENTION_CHOICES), "?")
+    chose = attention_choice(worst)
     why = ("the same kernel it ran: the gap is the rows' timing, not the choice" if chose == best["kernel"]
            else f"`auto` chose `{chose}`")
     return (f"Corrected for drift (each median times the read rate beside it), `auto` ran within {goal - 1:.0%} of the fastest forced kernel at {within} of {len(pairs)} "
@@ -193,9 +198,7 @@ def choice_words(result, models=GROUPED):
     for model in models:
         chosen = {}
         for row in sorted(decode_rows(result, model=model, kernel="auto"), key=lambda row: (row["batch"], row["context"])):
-            words = row["chose"].split()
-            attention = next((word for word in words if word in ATTENTION_CHOICES), "?")
-            chosen.setdefault(attention, {}).setdefault(row["batch"], []).append(row["context"])
+            chosen.setdefault(attention_choice(row), {}).setdefault(row["batch"], []).append(row["context"])
         everywhere = len(chosen) == 1 and all(contexts == measured for contexts in next(iter(chosen.values())).values())
         if everywhere:
             parts.append(f"{model} `{next(iter(chosen))}` everywhere")
