@@ -182,8 +182,7 @@ def auto_sentence(result, models=None, goal=1.05):
 
 
 def contexts_words(contexts, measured):
-    """`contexts` (of the run's `measured` ones) in words: "every context", a run of neighbours as "a to b", else
-    listed."""
+    """`contexts` (of the run's `measured` ones) in words: "every context", neighbours as "a to b", else listed."""
     if contexts == measured:
         return "every context"
     start = measured.index(contexts[0])
@@ -264,8 +263,7 @@ def mla_pairs(result):
 
 
 def forced_only(result):
-    """`result` with its decode rows of the forced kernels only: the teaching pages compare the kernels themselves, and
-    say what `auto` chose between them apart (`choice_section`)."""
+    """`result` with the forced kernels' decode rows only (what `auto` chose is said apart: `choice_section`)."""
     rows = [row for row in result[NAME]["rows"] if row["kernel"] != "auto"]
     return result | {NAME: result[NAME] | {"rows": rows}}
 
