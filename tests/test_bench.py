@@ -480,7 +480,7 @@ def test_help_gives_profiles_run_times_names_and_examples(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     text = capsys.readouterr().out
-    assert "profiles: default, quick, long, decode, block_sparse" in text
+    assert "profiles: default, quick, long, decode, gpu, block_sparse" in text
     assert all(name in text for name in IMPLEMENTATIONS) and "python -m attention.bench --validate" in text
     durations = report.recorded_durations()  # each recorded run's duration, read from its file
     assert f"run times of the runs recorded in docs/results/: {durations}" in text

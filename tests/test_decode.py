@@ -6,6 +6,7 @@ one must be caught. A model added in a test (a contract-only cache) shows how a 
 """
 
 import copy
+import types
 
 import pytest
 import torch
@@ -360,34 +361,67 @@ def test_a_model_is_one_record_and_the_sweep_uses_only_the_cache_contract(monkey
     assert rows[0]["correct"] is False and rows[0]["reason"] == "output differs from the float64 reference"
 
 
-def with_times(result, times):
-    """`result` with the medians and quartiles of its rows set from `times` ({(model, kernel, batch, context): ms};
-    others 10 ms), and `auto` rows' choices from the kernel it is given the time of (`chose` from `times`' keys)."""
-    changed = copy.deepcopy(result)
-    for row in changed["decode"]["rows"]:
-        ms = times.get((row["model"], row["kernel"], row["batch"], row["context"]), 10.0)
-        row.update(ms_q1=ms * 0.99, ms_median=ms, ms_q3=ms * 1.01, bandwidth_gbps_paired=20.0)
-    return changed
+def test_auto_rows_are_timed_in_turn_with_the_forced_kernels_and_validated(decode_result):
+    """Every `auto` row holds its median beside the fastest forced kernel's, timed in turn; forced rows hold none;
+    the validator recomputes the ratio and refuses a kernel the model does not force."""
+    rows = decode_result["decode"]["rows"]
+    for row in rows:
+        if row["kernel"] != "auto":
+            assert all(row[name] is None for name in decode.IN_TURN)
+            continue
+        assert row["fastest_forced"] in ("sdpa", "matmul") and row["auto_ms_in_turn"] > 0
+        assert row["auto_over_fastest"] == pytest.approx(row["auto_ms_in_turn"] / row["fastest_forced_ms_in_turn"])
+    for change, message in [({"auto_over_fastest": 7.0}, "auto_over_fastest 7.0 does not match"),
+                            ({"fastest_forced": "auto"}, "fastest_forced 'auto' is not one of the model's forced"),
+                            ({"fastest_forced": None}, "set on `auto` rows only, and all of them there")]:
+        broken = copy.deepcopy(decode_result)
+        next(row for row in broken["decode"]["rows"] if row["kernel"] == "auto").update(change)
+        assert any(message in problem for problem in report.validate_result(broken)), change
+    broken = copy.deepcopy(decode_result)
+    broken["decode"]["rows"][0]["auto_over_fastest"] = 1.0  # a forced row
+    assert any("set on `auto` rows only" in problem for problem in report.validate_result(broken))
+
+
+def test_against_forced_times_each_kernel_in_turn_and_restores_auto(monkeypatch):
+    """The rounds alternate `auto` and each forced kernel through `module.decode_kernel`; the medians are per kernel;
+    the module is left on `auto`, even when a call raises."""
+    module, order = types.SimpleNamespace(decode_kernel="auto"), []
+    ms = {"auto": 2.0, "sdpa": 3.0, "matmul": 1.9}
+    monkeypatch.setattr(decode, "timed_call", lambda call: call() or ms[module.decode_kernel] / 1e3)
+    config = types.SimpleNamespace(min_repeats=1, min_run_time=0.0)
+    fields = decode.against_forced(lambda: order.append(module.decode_kernel), module, ["sdpa", "matmul"], config)
+    assert fields == dict(auto_ms_in_turn=pytest.approx(2.0), fastest_forced="matmul",
+                          fastest_forced_ms_in_turn=pytest.approx(1.9), auto_over_fastest=pytest.approx(2.0 / 1.9))
+    names = ["auto", "sdpa", "matmul"]  # the untimed round, then each round starting one kernel later
+    assert order == names + [name for turn in range(decode.IN_TURN_ROUNDS) for name in names[turn % 3:] + names[:turn % 3]]
+    assert module.decode_kernel == "auto"
+
+    def fails():
+        if module.decode_kernel == "matmul":
+            raise RuntimeError("out of memory")
+    with pytest.raises(RuntimeError, match="out of memory"):
+        decode.against_forced(fails, module, ["sdpa", "matmul"], config)
+    assert module.decode_kernel == "auto"
 
 
 def test_auto_is_set_beside_the_fastest_forced_kernel_at_every_shape(decode_result):
-    """The sentence counts the shapes where the default ran within 5% of the faster forced kernel, each time corrected
-    for the machine's drift by the read rate timed beside it, and names the largest gap and whether `auto` chose that
-    kernel; the choices read `chose` per model, batch size and context."""
+    """The sentence counts the shapes where the default ran within 5% of the fastest forced kernel timed in turn with
+    it, and names the largest ratio and what `auto` chose there; the choices read `chose` per model, batch, context."""
     contexts = decode_result["decode"]["contexts"]
-    slow = with_times(decode_result, {("GQA", "auto", 2, contexts[1]): 12.0, ("GQA", "matmul", 2, contexts[1]): 8.0})
-    gqa = next(row for row in slow["decode"]["rows"] if (row["model"], row["kernel"], row["batch"], row["context"])
-               == ("GQA", "auto", 2, contexts[1]))
-    gqa["chose"] = "sdpa"
-    sentence = report.decode.auto_sentence(slow)
-    assert "`auto` ran within 5% of the fastest forced kernel at 11 of 12 shapes;" in sentence
-    assert (f"the largest gap: 1.50x `matmul`'s time (GQA, batch 2, {contexts[1]:,} positions; `auto` chose `sdpa`)"
-            in sentence)
-    gqa.update(chose="matmul", bandwidth_gbps_paired=15.0)  # the machine ran slower beside it: a smaller gap
-    assert ("1.12x `matmul`'s time (GQA, batch 2, " in report.decode.auto_sentence(slow)
-            and "the same kernel it ran: the gap is the rows' timing, not the choice" in report.decode.auto_sentence(slow))
-    assert "at 12 of 12 shapes" in report.decode.auto_sentence(with_times(decode_result, {}))
-    assert "at 4 of 4 shapes" in report.decode.auto_sentence(slow, models=("MHA",))
+    timed = copy.deepcopy(decode_result)
+    for row in report.decode.decode_rows(timed, kernel="auto"):
+        row.update(auto_ms_in_turn=1.0, fastest_forced="matmul", fastest_forced_ms_in_turn=1.0, auto_over_fastest=1.0)
+    assert "`auto` ran within 5% of the fastest at 12 of 12 shapes;" in report.decode.auto_sentence(timed)
+    gqa = next(row for row in report.decode.decode_rows(timed, kernel="auto", model="GQA", batch=2,
+                                                         context=contexts[1]))
+    gqa.update(chose="sdpa", auto_ms_in_turn=1.5, auto_over_fastest=1.5)
+    sentence = report.decode.auto_sentence(timed)
+    assert "`auto` ran within 5% of the fastest at 11 of 12 shapes;" in sentence
+    assert (f"the largest ratio: 1.50x `matmul`'s time (GQA, batch 2, {contexts[1]:,} positions; `auto` chose `sdpa`, "
+            "not `matmul`)" in sentence)
+    gqa["chose"] = "matmul row_split"
+    assert "`auto` chose `matmul`, the fastest kernel's attention)" in report.decode.auto_sentence(timed)
+    assert "at 4 of 4 shapes" in report.decode.auto_sentence(timed, models=("MHA",))
     chose = copy.deepcopy(decode_result)
     for row in report.decode.decode_rows(chose, kernel="auto"):
         row["chose"] = ("matmul" if row["model"] == "MQA" or row["batch"] == 2 and row["context"] == contexts[1]
@@ -406,7 +440,7 @@ def test_the_kv_cache_page_names_each_machines_choice_or_says_none_is_recorded(d
                                             ("docs/results/decode/b.json", stale)])
     first, second = section.splitlines()
     assert first.startswith(f"- **{report.format.title_suffix(decode_result)}** (`a.json`): MHA `")
-    assert "within 5% of the fastest forced kernel" in first and "(`b.json`, stale)" in second
+    assert "within 5% of the fastest at" in first and "(`b.json`, stale)" in second
     forced = copy.deepcopy(decode_result)
     forced["decode"]["rows"] = [row for row in forced["decode"]["rows"] if row["kernel"] != "auto"]
     assert report.decode.choice_section([("a.json", forced)]).startswith("No recorded run times `auto` yet")

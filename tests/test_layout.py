@@ -44,9 +44,11 @@ def test_nothing_that_measures_imports_what_shows():  # so nothing there can cal
 
 
 @pytest.mark.parametrize("budget, paths, what", [
-    (1400, lambda: sorted((PACKAGE / "bench").glob("*.py")), "the measuring core, attention/bench/*.py"),
-    # 1,800 until the bounds sweep's module and the decode page's `auto` sentences (issue 46) joined it.
-    (2000, lambda: files("report"), "what shows results, attention/report/"),
+    # 1,400 until the GPU profile's --dry-run and CUDA memory budget joined it.
+    (1420, lambda: sorted((PACKAGE / "bench").glob("*.py")), "the measuring core, attention/bench/*.py"),
+    # 1,800 until the bounds sweep's module and the decode page's `auto` sentences (issue 46) joined it, 2,000 until
+    # the kernels sweep's (the GPU profile, issue 47).
+    (2060, lambda: files("report"), "what shows results, attention/report/"),
 ])
 def test_the_benchmark_stays_within_its_budget(budget, paths, what):
     assert lines(paths()) <= budget, f"{what}: {lines(paths())} lines, the budget is {budget}"

@@ -22,6 +22,7 @@ SWEEPS = {name: importlib.import_module(f"attention.bench.sweeps.{name}") for na
     "ring",
     "prefill",
     "bounds",
+    "kernels",
 )}
 
 

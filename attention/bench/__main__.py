@@ -63,8 +63,8 @@ def build_parser():
                         help="which sweeps and sizes (see below); explicit size options override a profile's")
     parser.add_argument("--quick", action="store_true", help="the docs build's profile: --profile quick")
     parser.add_argument("--device", choices=core.DEVICES, default="auto", help="default: auto (CUDA, else MPS, else CPU)")
-    parser.add_argument("--dtype", choices=list(core.DTYPES), default="float32",
-                        help="tf32 = float32 tensors with TensorFloat-32 matmuls (CUDA only)")
+    parser.add_argument("--dtype", choices=list(core.DTYPES), help="default float32 (--profile gpu: bfloat16); tf32 = "
+                        "float32 tensors with TensorFloat-32 matmuls (CUDA only)")
     parser.add_argument("--mode", choices=list(MODE_CHOICES), help="forward, backward (= forward+backward) or both "
                                                                    "(the default)")
     parser.add_argument("--compile", action="store_true", default=None, help="also time torch.compile'd classes")
@@ -85,6 +85,8 @@ def build_parser():
                         "existing file is refused unless --force")
     parser.add_argument("--force", action="store_true", help="let --out replace an existing file")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--dry-run", action="store_true", help="every case of the profile at tiny sizes on the CPU "
+                        "(--profile gpu: the Triton kernel through its interpreter), recorded as profile NAME_dry_run")
     parser.add_argument("--validate", nargs="+", metavar="FILE", help="check results files instead of running; exit "
                         "status 1 if any is not valid (a run recorded with older sources is valid, and said to be)")
     parser.add_argument("--migrate", nargs="+", metavar="FILE", help="rewrite results files of an older schema_version "
@@ -103,7 +105,7 @@ def config_from_args(args):
     options = {key: value for key, value in vars(args).items() if value is not None}
     if args.mode:
         options["modes"] = MODE_CHOICES[args.mode]
-    return profiles.plan("quick" if args.quick else args.profile, options)
+    return profiles.plan("quick" if args.quick else args.profile, options, args.dry_run)
 
 
 def main(argv=None):
@@ -133,11 +135,15 @@ def main(argv=None):
     try:
         plan = config_from_args(args)
         device = core.resolve_device(args.device)
+        if args.profile == "gpu" and device.type != "cuda" and not args.dry_run:
+            raise ValueError(f"--profile gpu measures a CUDA GPU, and this machine has none (device {device.type!r}, "
+                             f"torch {torch.__version__}); --dry-run runs every case at tiny sizes here")
         plan = plan._replace(sweeps=[(sweep, config.resolve(device)) for sweep, config in plan.sweeps])
     except ValueError as error:
         parser.error(str(error))
     argv = None if argv is None else ["python", "-m", "attention.bench", *argv]
-    envelope = core.Envelope(plan.profile, args.device, args.dtype, argv, args.out)
+    dtype = args.dtype or profiles.DTYPES.get(args.profile, "float32")
+    envelope = core.Envelope(plan.profile, args.device, dtype, argv, args.out)
     envelope.progress, envelope.force = not args.quiet, args.force
     result = envelope.run(plan)
     print(report.format.provenance_summary(result))

@@ -61,8 +61,10 @@ def checked(config):
 
 
 def memory_budget(device):
-    """Bytes a row may take on CPU: 3/4 of the memory available now (past RAM the operating system kills the
-    process instead of raising); None elsewhere, where running out of memory raises and the row fails."""
+    """Bytes a row may take: 3/4 of the memory free now on CPU (past RAM the operating system kills the process
+    instead of raising) and CUDA (a sweep allocates a cache before a row's `try`); None on MPS."""
+    if torch.device(device).type == "cuda":  # pragma: no cover (cuda: the GPU's free memory)
+        return torch.cuda.mem_get_info(device)[0] * 3 // 4
     available = meminfo_bytes("MemAvailable") if torch.device(device).type == "cpu" else None
     return available and available * 3 // 4
 

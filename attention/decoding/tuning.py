@@ -20,7 +20,7 @@ import torch
 
 TUNING_ENV = "ATTENTION_TUNING"
 TUNING_MODES = ("measure", "off")
-TIMED_CALLS = 3  # per candidate, after one untimed call; interleaved, so a drift of the machine hits every candidate
+TIMED_CALLS = 5  # per candidate, after one untimed call; interleaved, so a drift of the machine hits every candidate
 
 _chosen = {}  # shape class -> the candidate's name, for this process
 
@@ -58,8 +58,9 @@ def time_candidates(candidates):
                 samples[name] = []
             except (RuntimeError, MemoryError):  # this candidate cannot run here: the others still can
                 continue
-        for _ in range(TIMED_CALLS):
-            for name in samples:
+        names = list(samples)
+        for round_ in range(TIMED_CALLS if names else 0):  # each round starts one candidate later: none always follows another
+            for name in names[round_ % len(names):] + names[:round_ % len(names)]:
                 samples[name].append(timed_call(candidates[name]))
     return min(samples, key=lambda name: statistics.median(samples[name]), default=None)
 

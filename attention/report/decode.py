@@ -136,7 +136,7 @@ def bandwidth_note(result):
         note = (f"Read bandwidth (a sum over {bandwidth['bytes'] / 2**20:,.0f} MiB, same run): median "
                 f"{bandwidth['read_gbps']:.1f} GB/s of {len(reads)} samples; a copy: {bandwidth['copy_gbps']:.1f} GB/s. "
                 "Each row's share is against the read rate timed beside it. " + note)
-    return note + (f" Matmul rate (2048² {result['dtype']}, same run): {number(matmul['tflops'])} TFLOP/s." if matmul else "")
+    return note + (f" Matmul rate ({matmul['size']:,}² {result['dtype']}, same run): {number(matmul['tflops'])} TFLOP/s." if matmul else "")
 
 
 ATTENTION_CHOICES, PROJECTION_CHOICES = ("sdpa", "matmul"), ("linear", "row_split")  # the words of a row's `chose`
@@ -147,38 +147,26 @@ def attention_choice(row):
     return next((word for word in row["chose"].split() if word in ATTENTION_CHOICES), "?")
 
 
-def auto_pairs(result, models=None):
-    """`(auto row, the fastest forced kernel's row)` at each model (of `models`, default all), batch and context where
-    `auto` and a forced kernel were measured and correct."""
-    pairs = []
-    for row in decode_rows(result, kernel="auto"):
-        forced = [other for other in decode_rows(result, row["batch"], row["model"], context=row["context"])
-                  if other["kernel"] != "auto"]
-        if (models is None or row["model"] in models) and forced:
-            pairs.append((row, min(forced, key=lambda other: other["ms_median"])))
-    return pairs
-
-
-def drift_corrected(row):
-    """A row's median time at one machine speed: times the read rate timed beside it (the rankings' correction)."""
-    return row["ms_median"] * row["bandwidth_gbps_paired"]
+def auto_rows(result, models=None):
+    """The `auto` rows (of `models`, default all) timed in turn with the forced kernels (`auto_over_fastest` set)."""
+    return [row for row in decode_rows(result, kernel="auto")
+            if row.get("auto_over_fastest") is not None and (models is None or row["model"] in models)]
 
 
 def auto_sentence(result, models=None, goal=1.05):
-    """The default's time against the fastest forced kernel's at every shape with both (corrected for the machine's
-    drift between the rows, `drift_corrected`), in words; "" without any."""
-    pairs = auto_pairs(result, models)
-    if not pairs:
+    """The default's time against the fastest forced kernel's at every shape, each pair timed call by call in turn on
+    the same cache (`auto_over_fastest`), in words; "" without any."""
+    rows = auto_rows(result, models)
+    if not rows:
         return ""
-    ratio = {id(auto): drift_corrected(auto) / drift_corrected(best) for auto, best in pairs}
-    worst, best = max(pairs, key=lambda pair: ratio[id(pair[0])])
-    within = sum(value <= goal for value in ratio.values())
-    chose = attention_choice(worst)
-    why = ("the same kernel it ran: the gap is the rows' timing, not the choice" if chose == best["kernel"]
-           else f"`auto` chose `{chose}`")
-    return (f"Corrected for drift (each median times the read rate beside it), `auto` ran within {goal - 1:.0%} of the fastest forced kernel at {within} of {len(pairs)} "
-            f"shapes; the largest gap: {ratio[id(worst)]:.2f}x `{best['kernel']}`'s time ({worst['model']}, batch "
-            f"{worst['batch']}, {worst['context']:,} positions; {why}).")
+    worst = max(rows, key=lambda row: row["auto_over_fastest"])
+    within = sum(row["auto_over_fastest"] <= goal for row in rows)
+    chose, fastest = attention_choice(worst), worst["fastest_forced"]
+    why = (f"`auto` chose `{chose}`, the fastest kernel's attention" if chose == fastest
+           else f"`auto` chose `{chose}`, not `{fastest}`")
+    return (f"Timed call by call in turn with the forced kernels on the same cache, `auto` ran within {goal - 1:.0%} of "
+            f"the fastest at {within} of {len(rows)} shapes; the largest ratio: {worst['auto_over_fastest']:.2f}x "
+            f"`{fastest}`'s time ({worst['model']}, batch {worst['batch']}, {worst['context']:,} positions; {why}).")
 
 
 def contexts_words(contexts, measured):
@@ -217,7 +205,7 @@ def choice_section(runs, models=GROUPED):
     the default came to the fastest forced kernel, one bullet each (a sentence saying so where no run has `auto` rows)."""
     lines = [f"- **{title_suffix(result)}** (`{path.rsplit('/', 1)[-1]}`{', stale' if is_stale(result) else ''}): "
              f"{choice_words(result, models)} "
-             f"{auto_sentence(result, models)}" for path, result in runs if auto_pairs(result, models)]
+             f"{auto_sentence(result, models)}" for path, result in runs if auto_rows(result, models)]
     return "\n".join(lines) or "No recorded run times `auto` yet: the decode profile records it beside the forced kernels."
 
 

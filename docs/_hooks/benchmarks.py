@@ -27,6 +27,7 @@ warnings.filterwarnings("ignore", message=r"`torch\.jit\.script_method` is depre
 
 from attention import bench  # noqa: E402 - after the filter: the import reaches inductor
 from attention.bench import SWEEPS  # noqa: E402
+from attention.bench.profiles import DTYPES  # noqa: E402
 from attention import report  # noqa: E402
 from attention.bench.results import fields_table, section  # noqa: E402
 from attention.schema import escaped  # noqa: E402
@@ -150,8 +151,9 @@ def tab(title, body):
 def runs_section(folder):  # the runs recorded in docs/results/<folder>/
     runs = state["runs"].get(folder)
     if not runs:
+        dtype = DTYPES.get(folder, "float32")
         return (f"No run is recorded in `docs/results/{folder}/` yet: `python -m attention.bench --profile {folder} "
-                f"--out docs/results/{folder}/<device>-{folder}-float32.json` records one.")
+                f"--out docs/results/{folder}/<device>-{folder}-{dtype}.json` records one.")
     return "\n".join(tab(f"{report.format.device_label(result['provenance']['device'])}, {result['dtype']}", run_body(
         result, state["charts"][slug(folder, path)], f"**`docs/results/{folder}/{path.name}`**")) for path, result in runs)
 

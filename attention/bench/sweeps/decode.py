@@ -22,15 +22,17 @@ from typing import Annotated
 import torch
 
 from attention.bench import core, metrics
-from attention.bench.results import BOOLEAN, BYTES, MAX_ROWS, POSITIVE, RATE, SHARE, disordered, mismatches, new_row
+from attention.bench.results import BOOLEAN, BYTES, MAX_ROWS, MS, POSITIVE, RATE, SHARE, disordered, mismatches, new_row
 from attention.schema import config_problems, field_rules, in_range, integer, list_of, nullable, one_of, record, text
 from attention.bench.sweeps.decode_layers import LAYERS, head_sizes
 from attention.decoding import chosen, forget_choices
+from attention.decoding.tuning import timed_call
 from attention.reference import tolerance
 
 NAME = "decode"
 KEY = ("model", "kernel", "batch", "context")  # what tells a row apart in its section
 CEILING_MAX_BYTES = 2**31  # the largest read of the bandwidth ceiling: what `Config.ceiling_bytes` allows (2 GiB)
+IN_TURN_ROUNDS = 9  # `auto` rows: at least this many rounds of one call of `auto` and one of each forced kernel
 
 
 def ceiling_sizes(device, budget):
@@ -64,6 +66,7 @@ class Config:
     bandwidth_bytes: Annotated[int, POSITIVE] = 2**29
     ceiling_bytes: Annotated[tuple, list_of(integer(1, CEILING_MAX_BYTES), 8)] = ()  # empty: `ceiling_sizes(device)`
     memory_budget_bytes: Annotated[int | None, BYTES] = None
+    matmul_size: Annotated[int, POSITIVE] = 2048  # the side of the matmul sampled with the bandwidth
 
     def resolve(self, device):
         """A copy with the contexts sorted and the memory budget filled in; `ValueError` naming a bad value."""
@@ -124,6 +127,13 @@ class Row(core.Measured):
     chose: Annotated[str | None, nullable(text(r"[a-z_]+( [a-z_]+)*", "names", 80)), "Kernel `auto` only: what its "
                      "timing chose on this machine, the attention (`sdpa` or `matmul`), then the single-row projections "
                      "(`linear`, `row_split`; none at batch > 1)."]
+    auto_ms_in_turn: Annotated[float | None, nullable(MS), "Kernel `auto` only: its median step (ms) over calls timed in "
+                               "turn with each forced kernel's on the same module and cache (`against_forced`)."]
+    fastest_forced: Annotated[str | None, nullable(text(r"[a-z_]+", "a kernel name", 40)), "Kernel `auto` only: the "
+                              "forced kernel with the smallest median of those calls."]
+    fastest_forced_ms_in_turn: Annotated[float | None, nullable(MS), "Kernel `auto` only: that kernel's median (ms)."]
+    auto_over_fastest: Annotated[float | None, nullable(SHARE), "`auto_ms_in_turn / fastest_forced_ms_in_turn`: "
+                                 "the default's time against the best candidate's, timed side by side (goal: at most 1.05)."]
 
 
 def run(config, envelope):
@@ -138,7 +148,7 @@ def run(config, envelope):
 
     def sample(when):
         rates = metrics.bandwidth_rate(device, dtype, config.ceiling_bytes)
-        rates["matmul_tflops"] = metrics.matmul_rate(device, dtype, 2048, min_run_time=0.5)["tflops"]
+        rates["matmul_tflops"] = metrics.matmul_rate(device, dtype, config.matmul_size, min_run_time=0.5)["tflops"]
         samples.append({"when": when, **rates})
         envelope.say(f"bandwidth ({when}): read {rates['read_gbps']:.1f} GB/s, copy {rates['copy_gbps']:.1f} GB/s; "
                      f"matmul {rates['matmul_tflops']:.3f} TFLOP/s")
@@ -162,7 +172,7 @@ def run(config, envelope):
                             "copy_gbps": statistics.median(s["copy_gbps"] for s in samples), "samples": samples,
                             "last_level_cache_bytes": metrics.last_level_cache_bytes(device),
                             "peak_gbps": max(max(s["read_gbps"], s["copy_gbps"]) for s in samples)}
-    section["matmul_peak"] = {"size": 2048, "statistic": "median of samples",
+    section["matmul_peak"] = {"size": config.matmul_size, "statistic": "median of samples",
                               "tflops": statistics.median(s["matmul_tflops"] for s in samples)}
     finish(section)
 
@@ -236,6 +246,7 @@ def kernel_rows(config, shared, module, x, yardstick):
             row.update(core.measure(step, check, x.device, config, yardstick))
             if shared["kernel"] == "auto":
                 row["chose"] = " ".join(dict.fromkeys(name for _, name in sorted(chosen().items(), key=str)))
+                row.update(against_forced(step, module, [kernel for kernel in layer.kernels if kernel != "auto"], config))
             seconds, peak = row["ms_median"] * 1e-3, row["peak_memory_bytes"]
             row.update(tokens_per_s=batch / seconds, gbps=row["bytes_read"] / seconds / 1e9,
                        tflops=row["flops"] / seconds / 1e12, copies_cache=None if peak is None else peak >= row["cache_bytes_read"])
@@ -245,6 +256,33 @@ def kernel_rows(config, shared, module, x, yardstick):
         yield row
 
 
+def against_forced(step, module, forced, config):
+    """An `auto` row's fields: its step's median beside the fastest of the `forced` kernels', each call timed in turn
+    (one call of each per round, through `module.decode_kernel`, each round starting one kernel later, on the same
+    cache), so a drift of the machine hits them alike: the rows' own medians are timed minutes apart. At least
+    `IN_TURN_ROUNDS` rounds and twice the config's `min_run_time`, after one untimed round; `auto` keeps the choice its
+    row's warm-up made."""
+    seconds, spent, rounds = {name: [] for name in ("auto", *forced)}, 0.0, 0
+    try:
+        for name in seconds:  # the untimed round: each forced path's first call allocates
+            module.decode_kernel = name
+            step()
+        while rounds < max(IN_TURN_ROUNDS, config.min_repeats) or spent < 2 * config.min_run_time and rounds < 1000:
+            names = list(seconds)[rounds % len(seconds):] + list(seconds)[:rounds % len(seconds)]
+            for name in names:  # each round starts with the next kernel: no kernel always follows the same one
+                module.decode_kernel = name
+                seconds[name].append(timed_call(step))
+            spent, rounds = spent + sum(samples[-1] for samples in seconds.values()), rounds + 1
+    finally:
+        module.decode_kernel = "auto"
+    medians = {name: statistics.median(samples) * 1e3 for name, samples in seconds.items()}
+    fastest = min(forced, key=medians.get)
+    return dict(auto_ms_in_turn=medians["auto"], fastest_forced=fastest, fastest_forced_ms_in_turn=medians[fastest],
+                auto_over_fastest=medians["auto"] / medians[fastest])
+
+
+IN_TURN = ("auto_ms_in_turn", "fastest_forced", "fastest_forced_ms_in_turn", "auto_over_fastest")  # `auto` rows only
+
 SECTION = record(field_rules(Config) | {
     "bandwidth": record({"bytes": POSITIVE, "statistic": one_of("median of samples"), "read_gbps": RATE,
                          "copy_gbps": RATE, "samples": list_of(record({
@@ -253,8 +291,8 @@ SECTION = record(field_rules(Config) | {
                          "last_level_cache_bytes": nullable(BYTES), "peak_gbps": RATE},
                         optional=("last_level_cache_bytes", "peak_gbps")),
     "matmul_peak": nullable(record({"size": POSITIVE, "statistic": one_of("median of samples"), "tflops": RATE})),
-    "rows": list_of(record(field_rules(Row), optional=("share_of_peak_bandwidth", "chose", "copies_cache")), MAX_ROWS)},
-    optional=("ceiling_bytes",))  # the three optional fields: absent in runs recorded before the ceiling was measured
+    "rows": list_of(record(field_rules(Row), optional=("share_of_peak_bandwidth", "chose", "copies_cache", *IN_TURN)), MAX_ROWS)},
+    optional=("ceiling_bytes", "matmul_size"))  # absent in runs recorded before the ceiling was measured (2048 then)
 
 
 def validate(section, result):
@@ -274,6 +312,13 @@ def validate(section, result):
             continue
         if (row.get("chose") is not None) != (row["kernel"] == "auto"):
             problems.append(f"{where}: chose {row.get('chose')!r}: what `auto` chose, named on its rows only")
+        if IN_TURN[0] in row and any((row[name] is not None) != (row["kernel"] == "auto") for name in IN_TURN):
+            problems.append(f"{where}: {', '.join(IN_TURN)}: set on `auto` rows only, and all of them there")
+        elif row.get("fastest_forced") is not None:
+            if row["fastest_forced"] not in LAYERS[row["model"]].kernels or row["fastest_forced"] == "auto":
+                problems.append(f"{where}: fastest_forced {row['fastest_forced']!r} is not one of the model's forced "
+                                f"kernels {[kernel for kernel in LAYERS[row['model']].kernels if kernel != 'auto']}")
+            problems += mismatches(where, row, {"auto_over_fastest": row["auto_ms_in_turn"] / row["fastest_forced_ms_in_turn"]})
         if disordered(where, row):
             problems += disordered(where, row)
             continue
