@@ -121,5 +121,8 @@ show_table("Gradients of flash_attention against float64", ["gradient", "shape",
 #   place would not show (the backward's split into a key-tile and a query-tile kernel is what
 #   avoids that).
 #
-# This site's runs are CPU runs so far: on a GPU the kernel has to be timed before anything can be
-# said about its speed.
+# On a GPU, `python -m attention.bench --profile gpu` times this kernel beside SDPA's backends
+# (FlashAttention, cuDNN, memory-efficient, math), compiled FlexAttention and the tiled algorithm,
+# forward and backward, each checked against float64 first; [Benchmarks: on a
+# GPU](../benchmarks.md#on-a-gpu) shows the runs recorded so far. Until one is, nothing on this
+# site says how fast the kernel is.

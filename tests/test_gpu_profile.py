@@ -2,10 +2,13 @@
 case at tiny sizes on the CPU, which must measure, check and validate, so the profile cannot rot between GPU runs."""
 
 import copy
+import dataclasses
 import importlib.util
 import json
+import types
 
 import pytest
+import torch
 
 from attention import report
 from attention.bench import profiles
@@ -72,3 +75,22 @@ def test_the_kernels_tables_name_each_case_and_the_fastest(dry_run):
     assert text.startswith(f"Fastest at T {profiles.DRY_RUN['gpu']['kernels']['seq_lens'][-1]:,}: head size 32, causal")
     assert "**Head size 32, not causal, forward and backward**" in text and "| `sdpa_cudnn` | skipped |" in text
     assert report.kernels.tables({"kernels": {"rows": []}}) == ""
+
+
+def test_rows_too_large_for_this_machine_are_skipped_with_the_reason():
+    """The tiled loop past `tiled_max_len`, the Triton interpreter past a few thousand elements and inputs past the
+    memory budget are skipped before anything runs, each with a reason a reader can act on."""
+    config = kernels.Config(tiled_max_len=512, memory_budget_bytes=2**40).resolve("cpu")
+    envelope = types.SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32, result={"dtype": "float32"})
+
+    def row(kernel, T, config=config):
+        return kernels.kernel_row(config, (kernel, "forward", True, 64, T), envelope, None)
+
+    assert row("tiled", 1024)["reason"].startswith("past tiled_max_len 512: the tiled loop's")
+    assert row("triton", 512)["reason"].startswith("Triton's interpreter (no GPU) runs the kernel far too slowly")
+    small = dataclasses.replace(config, memory_budget_bytes=2**20)
+    skipped = row("sdpa_flash", 512, small)
+    assert skipped["status"] == "skipped" and "exceeds the memory budget 1.0 MiB" in skipped["reason"]
+    with pytest.raises(ValueError, match="head_dims: 48 does not divide width 2048; seq_lens: 32768 is longer than "
+                                         "tokens 16384"):
+        kernels.Config(head_dims=(48,), seq_lens=(32768,)).resolve("cpu")

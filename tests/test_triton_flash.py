@@ -84,3 +84,13 @@ def test_dtypes_and_types_it_does_not_take_are_type_errors():
         flash_attention(q, q.double(), q)
     with pytest.raises(TypeError, match="must be tensors"):
         flash_attention(q, q.tolist(), q)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA)")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", [64, 128])
+def test_on_a_gpu_prompts_of_thousands_match_float64_in_both_dtypes(causal, D):
+    """The compiled kernel (not the interpreter) at the GPU profile's head sizes, past many tiles and off their edges."""
+    checked(1, 2, 2, 2049, 2049, D, causal)
+    checked(1, 4, 2, 1000, 1000, D, causal, dtype=torch.bfloat16, atol=3e-2)

@@ -23,13 +23,14 @@ PRESETS = {
     # One H100 or H200: the attention kernels alone on prompts (T 512 to 16k, 16k tokens per batch, head dim 64 and 128,
     # causal or not, forward and backward), then decoding over 1k to 128k cached positions at batch 1 to 64.
     "gpu": {"kernels": dict(seq_lens=(512, 2048, 8192, 16384)),
-            "decode": dict(models=("GQA", "MHA", "MQA", "MLA"), contexts=(1024, 8192, 32768, 131072), batches=(1, 8, 64),
+            "decode": dict(models=("GQA", "MHA", "MQA", "MLA"), contexts=(1024, 16384, 131072), batches=(1, 8, 64),
                            min_run_time=0.2, min_repeats=3, warmup_time=0.05)},
 }
 DTYPES = {"gpu": "bfloat16"}  # a profile's dtype where --dtype is not given (else float32)
 # `--dry-run`: every case of a profile at tiny sizes (these, over its preset) on the CPU (the Triton kernel through its
 # interpreter), recorded as profile "<name>_dry_run", so a profile meant for a GPU runs in the tests and cannot rot.
 DRY_RUN = {"gpu": {"kernels": dict(seq_lens=(130,), tokens=260, width=64, head_dims=(32,), check_len=131, matmul_size=128,
+                                   tiled_max_len=130,
                                    min_run_time=0.01, min_repeats=2, warmup_time=0.0),
                    "decode": dict(num_heads=8, head_dim=16, contexts=(64,), batches=(1, 2), min_run_time=0.01,
                                   min_repeats=2, warmup_time=0.0, bandwidth_bytes=2**20, ceiling_bytes=(2**20,),

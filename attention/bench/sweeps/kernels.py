@@ -72,7 +72,8 @@ KERNELS = {**{name: sdpa(backend) for name, backend in BACKENDS.items()}, "flex"
 @dataclasses.dataclass
 class Config:
     """What to measure (see the module docstring): each of `kernels`, `modes`, `causal` settings, `head_dims` and
-    `seq_lens`; timing per row; the paired matmul's side (default 8192 on CUDA, 1024 elsewhere)."""
+    `seq_lens` (`tiled` to `tiled_max_len` only: its Python loop runs `(T / 128)²` tiles, each a few small kernels);
+    timing per row; the paired matmul's side (default 8192 on CUDA, 1024 elsewhere)."""
 
     OPTIONS = {"d_model": "width"}  # the command line's --seq-lens sets `seq_lens`, --d-model `width`
 
@@ -84,6 +85,7 @@ class Config:
     tokens: Annotated[int, POSITIVE] = 16384
     width: Annotated[int, POSITIVE] = 2048
     check_len: Annotated[int, POSITIVE] = 200
+    tiled_max_len: Annotated[int, POSITIVE] = 4096
     seed: Annotated[int, integer(0, 2**63)] = 0
     min_run_time: Annotated[float, in_range(0, 1e4)] = 0.1
     min_repeats: Annotated[int, POSITIVE] = 3
@@ -185,6 +187,10 @@ def kernel_row(config, case, envelope, yardstick):
     needed = (3 if mode == "forward" else 9) * row["batch"] * row["num_heads"] * T * D * (element + 4)
     if skip := core.over_budget(needed, config.memory_budget_bytes, "the inputs, outputs and gradients"):
         row.update(status="skipped", reason=skip)
+        return row
+    if kernel == "tiled" and T > config.tiled_max_len:
+        row.update(status="skipped", reason=f"past tiled_max_len {config.tiled_max_len}: the tiled loop's (T / 128)^2 "
+                                            "tiles are too many small calls to time here")
         return row
     if kernel == "triton" and device.type == "cpu" and T * D * row["batch"] * row["num_heads"] > INTERPRETER_MAX_ELEMENTS:
         row.update(status="skipped", reason="Triton's interpreter (no GPU) runs the kernel far too slowly to time at "
