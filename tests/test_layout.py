@@ -92,6 +92,10 @@ def test_the_decoding_family_imports_only_itself():
     assert {name.split(".")[1] for name in imported(PACKAGE / "causal" / "gqa.py")} == {"decoding"}
 
 
+def test_the_linear_attention_rules_import_only_torch_and_each_other():  # copy attention/linear/: it runs
+    assert {name for path in files("linear") for name in imported(path) if not name.startswith("attention.linear")} == set()
+
+
 
 # What coverage's default exclusion matches (its DEFAULT_EXCLUDE), in any letter case.
 PRAGMA = re.compile(r"#\s*pragma[:\s]?\s*no\s*cover", re.IGNORECASE)

@@ -1,0 +1,158 @@
+# %% [markdown]
+# # Linear attention
+#
+# Softmax attention keeps every past key and value: a decoder's [KV cache](../kv_cache/) grows with
+# the context, and each new token reads all of it. Linear attention keeps a fixed-size **state**
+# per head instead, a `(Dk, Dv)` matrix that every token reads and writes once, so a step costs
+# the same at position 10 as at position 1,000,000. Most layers of several 2025-26 open models are
+# of this kind: Qwen3-Next and Qwen3.5 (three gated DeltaNet layers to one softmax layer), Kimi
+# Linear (three Kimi delta attention layers to one MLA layer), MiniMax-01 (lightning attention).
+#
+# This page builds the family one change at a time, from plain linear attention to the delta
+# rules of those models, and shows the three forms each rule runs in (one position at a time, in
+# chunks, as masked attention) computing the same function. The rules are in `attention/linear/`,
+# one file each, importing only torch and the folder's shared argument checks.
+
+# %%
+import torch
+
+from attention.display import show, show_source, show_table
+from attention.linear import (delta_rule, gated_delta_rule, gated_linear_attention, kimi_delta_rule, retention,
+                              retnet_log_decays, ssd)
+from attention.linear import gated_delta, gla, kimi_delta, mamba2
+from attention.plotting import plot_attention_weights
+
+# %% [markdown]
+# ## Attention without the softmax is a running sum
+#
+# Drop the softmax from causal attention and the output of position `t` is
+# `o_t = Σ_{j ≤ t} (q_t · k_j) v_j = S_tᵀ q_t`, with `S_t = Σ_{j ≤ t} k_j v_jᵀ`: the keys and values
+# summed into one `(Dk, Dv)` matrix. The same numbers come out of a loop that adds one outer
+# product per position (the **recurrent** form) and out of masked attention, scores times a causal
+# mask times the values (the **quadratic** form):
+
+# %%
+torch.manual_seed(0)
+T, Dk, Dv = 6, 4, 3
+q, k, v = torch.randn(T, Dk, dtype=torch.float64), torch.randn(T, Dk, dtype=torch.float64), torch.randn(T, Dv, dtype=torch.float64)
+
+state, outs = torch.zeros(Dk, Dv, dtype=torch.float64), []
+for t in range(T):
+    state = state + torch.outer(k[t], v[t])  # write: S_t = S_{t-1} + k_t v_tᵀ
+    outs.append(state.T @ q[t])  # read: o_t = S_tᵀ q_t
+recurrent = torch.stack(outs)  # (T, Dv)
+
+causal = torch.ones(T, T, dtype=torch.float64).tril()
+quadratic = ((q @ k.T) * causal) @ v  # (T, Dv): attention with the softmax left out
+print(f"state {tuple(state.shape)}, outputs {tuple(recurrent.shape)}; largest difference of the two forms: "
+      f"{(recurrent - quadratic).abs().max():.1e}")
+
+# %% [markdown]
+# ## The ladder: one change to the recurrence at a time
+#
+# A plain sum never forgets, and adding a key's value twice blurs it with whatever was there. The
+# rules of the last years change the step `S_t = decay_t ⊙ S_{t-1} + write_t`, `o_t = S_tᵀ q_t`:
+#
+# | Rule | Decay of the state | Write | In |
+# |---|---|---|---|
+# | Retention, lightning attention | a constant per head | `k_t v_tᵀ` | RetNet, MiniMax-01 |
+# | Mamba-2's SSD | `exp(g_t)`, one per head and position | `k_t v_tᵀ` | Mamba-2 |
+# | Gated linear attention (GLA) | `exp(g_t)`, one per key channel | `k_t v_tᵀ` | GLA |
+# | DeltaNet | none | `k_t u_tᵀ`, `u_t = β_t (v_t − S_{t-1}ᵀ k_t)` | DeltaNet |
+# | Gated DeltaNet | one per head and position | the delta rule's, after the decay | Qwen3-Next, Qwen3.5 |
+# | Kimi delta attention (KDA) | one per key channel | the delta rule's, after the decay | Kimi Linear |
+#
+# The delta rule's write stores `v_t` under the key `k_t` as one step of gradient descent on
+# `‖Sᵀ k_t − v_t‖²` (step `β_t` in [0, 1]): it first subtracts what the state already returns for
+# that key, so a key written twice is overwritten. Here are the decode steps of GLA, SSD, gated
+# DeltaNet and KDA, each one position, as the package writes them; compare their lines:
+
+# %% tags=["hide-input"]
+show_source(gla.gated_linear_step)
+show_source(mamba2.ssd_step)
+show_source(gated_delta.gated_delta_step)
+show_source(kimi_delta.kimi_delta_step)
+
+# %% [markdown]
+# ## Chunks: the form that runs fast
+#
+# The recurrent form is a loop of `T` small steps; the quadratic form is `T²` work. The **chunked**
+# form runs a chunk of `C` positions at a time as a few matrix products and carries the state from
+# chunk to chunk. For the delta rules the writes inside a chunk depend on each other (each
+# corrects what the ones before it wrote), but the dependence is linear: with `G_t` the cumulative
+# log-decay from the chunk's start, the chunk's corrections `U` solve one unit lower-triangular
+# system `(I + A) U = diag(β) (V − diag(e^G) K S_0)`, with `A[t, j] = β_t e^{G_t − G_j} k_t · k_j`
+# below the diagonal (the "WY" or "UT" transform of the DeltaNet papers). The gated delta rule's
+# chunk:
+
+# %% tags=["hide-input"]
+show_source(gated_delta.chunk)
+
+# %% [markdown]
+# Every exponent in it is a decay from an earlier position to a later one, at most 0, so gates near
+# 0 cannot overflow it. Each rule in each form against its own recurrent form, in float64, on a
+# length no chunk divides (37 positions, chunks of 16), with a random initial state:
+
+# %%
+torch.manual_seed(1)
+B, H, T, Dk, Dv = 2, 3, 37, 16, 8
+q, k = (torch.nn.functional.normalize(torch.randn(B, H, T, Dk, dtype=torch.float64), dim=-1) for _ in range(2))
+v = torch.randn(B, H, T, Dv, dtype=torch.float64)
+g_channel = -torch.rand(B, H, T, Dk, dtype=torch.float64)  # log-decays <= 0, one per key channel
+g_head = g_channel[..., 0]  # one per head and position
+beta = torch.rand(B, H, T, dtype=torch.float64)
+initial = torch.randn(B, H, Dk, Dv, dtype=torch.float64)
+rules = {
+    "retention": lambda form: retention(q, k, v, retnet_log_decays(H), form=form, initial_state=initial, chunk_size=16),
+    "ssd": lambda form: ssd(q, k, v, g_head, form=form, initial_state=initial, chunk_size=16),
+    "gated_linear_attention": lambda form: gated_linear_attention(q, k, v, g_channel, form=form, initial_state=initial,
+                                                                  chunk_size=16),
+    "delta_rule": lambda form: delta_rule(q, k, v, beta, form=form, initial_state=initial, chunk_size=16),
+    "gated_delta_rule": lambda form: gated_delta_rule(q, k, v, g_head, beta, form=form, initial_state=initial,
+                                                      chunk_size=16),
+    "kimi_delta_rule": lambda form: kimi_delta_rule(q, k, v, g_channel, beta, form=form, initial_state=initial,
+                                                    chunk_size=16),
+}
+rows = []
+for name, run in rules.items():
+    out, final = run("recurrent")
+    errors = [max((got - out).abs().max().item(), (state - final).abs().max().item())
+              for got, state in (run("chunked"), run("quadratic"))]
+    rows.append([f"`{name}`", f"{errors[0]:.1e}", f"{errors[1]:.1e}"])
+show_table("Largest difference from the recurrent form (outputs and final state), float64",
+           ["rule", "chunked", "quadratic"], rows)
+
+# %% [markdown]
+# ## The quadratic form's decay mask
+#
+# Unrolled, a rule with a decay per head and position is masked attention whose mask is not 0 or 1
+# but the decay between the two positions, `exp(G_t − G_j)` below the diagonal: Mamba-2 calls this
+# its state-space duality. A constant decay (retention) gives a mask that fades at the same rate
+# along every diagonal; a data-dependent one (SSD) lets a position cut off everything before it:
+
+# %%
+T = 16
+retention_gate = torch.full((T,), -0.15)  # a constant log-decay
+ssd_gate = torch.full((T,), -0.05)
+ssd_gate[9] = -6.0  # position 9 forgets almost everything before it
+masks = []
+for gate in (retention_gate, ssd_gate):
+    G = gate.cumsum(0)
+    masks.append((G[:, None] - G[None, :]).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).exp())
+show(plot_attention_weights(torch.stack(masks), ncols=2, title="Decay masks of the quadratic form",
+                            head_titles=["constant decay (retention)", "data-dependent decay (SSD)"]))
+
+# %% [markdown]
+# ## A state against a KV cache
+#
+# A state's size does not depend on the context; a KV cache's grows with it. One layer of 32 query
+# heads of 128 in bfloat16, as a gated DeltaNet layer (a `128 x 128` state per head) and as a GQA
+# softmax layer with 8 key/value heads:
+
+# %%
+heads, head_dim, kv_heads, bytes_per_value = 32, 128, 8, 2
+state_bytes = heads * head_dim * head_dim * bytes_per_value  # (H, Dk, Dv), whatever the context
+kv_bytes_per_token = 2 * kv_heads * head_dim * bytes_per_value  # a key and a value per K/V head
+crossover = state_bytes // kv_bytes_per_token
+print(f"state: {state_bytes / 2**20:.0f} MiB per sequence at any context; KV cache: {kv_bytes_per_token / 2**10:.0f} KiB "
+      f"per token, as large as the state from {crossover:,} tokens, {131072 // crossover}x the state at 131,072 tokens")
