@@ -220,7 +220,7 @@ def plot_alibi(num_heads=8, seq_len=16, causal=True, ncols=4, title=None):
 
 
 def plot_attention_weights(weights, ncols=4, title="Attention weights per head", tokens=None, mask=None,
-                           log_scale=False, head_titles=None):
+                           log_scale=False, head_titles=None, value_label=None):
     """Heat maps of attention weights `(H, Tq, Tk)`, one panel per head (e.g. `weights[0]` of a batch).
 
     Args:
@@ -234,6 +234,8 @@ def plot_attention_weights(weights, ncols=4, title="Attention weights per head",
         log_scale: colours on a log scale from `LOG_SCALE_FLOOR` to 1, so weights that differ by
             factors far below the largest weight stay apart (a linear scale draws them all near black).
         head_titles: one title per head (default "head h").
+        value_label: the colour bar's label, for matrices that are not softmax weights (a linear attention's decay
+            mask); default "attention weight (rows sum to 1)".
 
     Returns:
         A Figure with `H` weight axes (plus the mask's) and their colour bars.
@@ -274,7 +276,7 @@ def plot_attention_weights(weights, ncols=4, title="Attention weights per head",
     outer_labels(all_axes, ncols)
     fig.suptitle(title)
     colorbar = fig.colorbar(image, ax=axes)
-    colorbar.set_label("attention weight (rows sum to 1" + (", log scale; grey: masked)" if log_scale else ")"))
+    colorbar.set_label(value_label or "attention weight (rows sum to 1" + (", log scale; grey: masked)" if log_scale else ")"))
     return fig
 
 

@@ -34,7 +34,8 @@ from attention.plotting import plot_attention_weights
 # %%
 torch.manual_seed(0)
 T, Dk, Dv = 6, 4, 3
-q, k, v = torch.randn(T, Dk, dtype=torch.float64), torch.randn(T, Dk, dtype=torch.float64), torch.randn(T, Dv, dtype=torch.float64)
+q, k = torch.randn(T, Dk, dtype=torch.float64), torch.randn(T, Dk, dtype=torch.float64)
+v = torch.randn(T, Dv, dtype=torch.float64)
 
 state, outs = torch.zeros(Dk, Dv, dtype=torch.float64), []
 for t in range(T):
@@ -140,7 +141,8 @@ for gate in (retention_gate, ssd_gate):
     G = gate.cumsum(0)
     masks.append((G[:, None] - G[None, :]).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).exp())
 show(plot_attention_weights(torch.stack(masks), ncols=2, title="Decay masks of the quadratic form",
-                            head_titles=["constant decay (retention)", "data-dependent decay (SSD)"]))
+                            head_titles=["constant decay (retention)", "data-dependent decay (SSD)"],
+                            value_label="decay from key j to query i"))
 
 # %% [markdown]
 # ## A state against a KV cache

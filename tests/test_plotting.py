@@ -277,3 +277,9 @@ def test_flash_tiles_name_what_each_program_loads_masks_and_skips():
     fig = plot_flash_tiles(200, 200, 64, 64)
     assert [ax.get_title() for ax in fig.axes] == ["not causal", "causal"]
     assert sum(len(ax.patches) for ax in fig.axes) == 32 and "T_q = 200" in fig.get_suptitle()
+
+
+def test_attention_weights_colour_bar_names_other_values_when_told():
+    """A linear attention's decay mask is drawn with the weights' function, under its own colour-bar label."""
+    fig = plotting.plot_attention_weights(torch.rand(1, 3, 3).tril(), value_label="decay from key j to query i")
+    assert "decay from key j to query i" in [ax.get_ylabel() for ax in fig.axes]
