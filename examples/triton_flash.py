@@ -124,5 +124,5 @@ show_table("Gradients of flash_attention against float64", ["gradient", "shape",
 # On a GPU, `python -m attention.bench --profile gpu` times this kernel beside SDPA's backends
 # (FlashAttention, cuDNN, memory-efficient, math), compiled FlexAttention and the tiled algorithm,
 # forward and backward, each checked against float64 first; [Benchmarks: on a
-# GPU](../benchmarks.md#on-a-gpu) shows the runs recorded so far. Until one is, nothing on this
+# GPU](../../benchmarks/#on-a-gpu) shows the runs recorded so far. Until one is, nothing on this
 # site says how fast the kernel is.
