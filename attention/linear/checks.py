@@ -1,4 +1,5 @@
-"""The checks every rule of this package runs on its arguments, written once (imports only torch)."""
+"""What every rule of this package shares, written once (imports only torch): the checks of its arguments and
+`run_form`, the loop over positions or chunks that turns a rule's step and chunk into its forms."""
 
 import torch
 
@@ -38,3 +39,24 @@ def check_inputs(q, k, v, *, form, initial_state, scale, chunk_size, g=None, g_p
     if initial_state is not None and tuple(initial_state.shape) != expected:
         raise ValueError(f"initial_state must be (B, H, Dk, Dv) = {expected}, got {tuple(initial_state.shape)}")
     return q.shape[-1] ** -0.5 if scale is None else scale
+
+
+def run_form(form, step, chunk, tensors, initial_state, scale, chunk_size):
+    """`(out (B, H, T, Dv), final_state)` of a rule in `form`, from its one-position `step(*at_t, state, scale)` and its
+    `chunk(scaled q, *rest, state)`; `tensors` are `(q, k, v, ...)` with the positions on dim 2; the state starts at
+    `initial_state` (zeros where None)."""
+    q, v = tensors[0], tensors[2]
+    B, H, T, Dk = q.shape
+    state = q.new_zeros(B, H, Dk, v.shape[-1]) if initial_state is None else initial_state.to(q.dtype)
+    outs = []
+    if form == "recurrent":
+        for t in range(T):
+            out, state = step(*(tensor[:, :, t] for tensor in tensors), state, scale)
+            outs.append(out[:, :, None])
+    else:
+        size = T if form == "quadratic" else chunk_size
+        for start in range(0, T, size):
+            q_part, *rest = (tensor[:, :, start:start + size] for tensor in tensors)
+            out, state = chunk(q_part * scale, *rest, state)
+            outs.append(out)
+    return torch.cat(outs, dim=2) if outs else v.new_zeros(B, H, 0, v.shape[-1]), state

@@ -23,7 +23,7 @@ Imports only torch (and this package's `checks.py`). Shapes: q, k and g `(B, H, 
 
 import torch
 
-from attention.linear.checks import check_inputs
+from attention.linear.checks import check_inputs, run_form
 
 
 def gated_linear_attention(q, k, v, g, *, form, initial_state=None, scale=None, chunk_size=64):
@@ -32,20 +32,7 @@ def gated_linear_attention(q, k, v, g, *, form, initial_state=None, scale=None, 
     below 1)."""
     scale = check_inputs(q, k, v, form=form, initial_state=initial_state, scale=scale, chunk_size=chunk_size, g=g,
                          g_per_channel=True)
-    B, H, T, Dk = q.shape
-    state = q.new_zeros(B, H, Dk, v.shape[-1]) if initial_state is None else initial_state.to(q.dtype)
-    outs = []
-    if form == "recurrent":
-        for t in range(T):
-            out, state = gated_linear_step(q[:, :, t], k[:, :, t], v[:, :, t], g[:, :, t], state, scale)
-            outs.append(out[:, :, None])
-    else:
-        size = T if form == "quadratic" else chunk_size
-        for start in range(0, T, size):
-            part = slice(start, start + size)
-            out, state = chunk(q[:, :, part] * scale, k[:, :, part], v[:, :, part], g[:, :, part], state)
-            outs.append(out)
-    return torch.cat(outs, dim=2) if outs else v.new_zeros(B, H, 0, v.shape[-1]), state
+    return run_form(form, gated_linear_step, chunk, (q, k, v, g), initial_state, scale, chunk_size)
 
 
 def gated_linear_step(q, k, v, g, state, scale):

@@ -23,7 +23,7 @@ L2-normalise q and k). Anchors: flash-linear-attention's `naive_recurrent_kda` a
 
 import torch
 
-from attention.linear.checks import FORMS, check_inputs
+from attention.linear.checks import FORMS, check_inputs, run_form
 
 
 def kimi_delta_rule(q, k, v, g, beta, *, form, initial_state=None, scale=None, chunk_size=64):
@@ -35,21 +35,7 @@ def kimi_delta_rule(q, k, v, g, beta, *, form, initial_state=None, scale=None, c
     shape, dtype or values disagree (a positive log-decay, a `beta` outside [0, 1], a chunk size below 1)."""
     scale = check_inputs(q, k, v, form=form, initial_state=initial_state, scale=scale, chunk_size=chunk_size, g=g,
                          g_per_channel=True, beta=beta)
-    B, H, T, Dk = q.shape
-    state = q.new_zeros(B, H, Dk, v.shape[-1]) if initial_state is None else initial_state.to(q.dtype)
-    if form == "recurrent":
-        outs = []
-        for t in range(T):
-            out, state = kimi_delta_step(q[:, :, t], k[:, :, t], v[:, :, t], g[:, :, t], beta[:, :, t], state, scale)
-            outs.append(out)
-        return torch.stack(outs, dim=2) if outs else v.new_zeros(B, H, 0, v.shape[-1]), state
-    size = T if form == "quadratic" else chunk_size
-    outs = []
-    for start in range(0, T, size):
-        part = slice(start, start + size)
-        out, state = chunk(q[:, :, part] * scale, k[:, :, part], v[:, :, part], g[:, :, part], beta[:, :, part], state)
-        outs.append(out)
-    return torch.cat(outs, dim=2) if outs else v.new_zeros(B, H, 0, v.shape[-1]), state
+    return run_form(form, kimi_delta_step, chunk, (q, k, v, g, beta), initial_state, scale, chunk_size)
 
 
 def kimi_delta_step(q, k, v, g, beta, state, scale):
