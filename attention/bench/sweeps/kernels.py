@@ -24,7 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attention.bench import core, metrics
 from attention.bench.results import BOOLEAN, BYTES, MAX_ROWS, POSITIVE, RATE, SHARE, new_row
-from attention.causal.flex import compiled_flex_attention
+from attention.causal.flex import causal as causal_mod, compiled_flex_attention
 from attention.causal.tiled import tiled_attention
 from attention.reference import reference_kernel, tolerance
 from attention.schema import config_problems, field_rules, in_range, integer, list_of, one_of, record, rule_of
@@ -52,7 +52,7 @@ def flex(q, k, v, causal):
 
     T = q.shape[-2]
     if causal and (T, q.device) not in _block_masks:
-        _block_masks[T, q.device] = create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None, T, T,
+        _block_masks[T, q.device] = create_block_mask(causal_mod, None, None, T, T,
                                                       device=q.device)
     if q.device.type == "cpu" and q.requires_grad:
         raise RuntimeError("compiled FlexAttention has no backward on the CPU")
