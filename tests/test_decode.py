@@ -404,6 +404,43 @@ def test_against_forced_times_each_kernel_in_turn_and_restores_auto(monkeypatch)
     assert module.decode_kernel == "auto"
 
 
+def test_a_ratio_past_the_goal_is_timed_in_turn_again_and_every_earlier_ratio_kept(monkeypatch):
+    """`in_turn` times again while the ratio is past the goal, at most `IN_TURN_ATTEMPTS` in all, and keeps the
+    earlier ratios; one within the goal is timed once; the validator refuses an earlier ratio within the goal."""
+    ratios = iter([1.6, 1.02, 1.9, 1.8, 1.7])
+    def against(step, module, forced, config):
+        ratio = next(ratios)
+        return dict(auto_ms_in_turn=ratio, fastest_forced="matmul", fastest_forced_ms_in_turn=1.0, auto_over_fastest=ratio)
+    monkeypatch.setattr(decode, "against_forced", against)
+    fields = decode.in_turn(None, None, ["matmul"], None)
+    assert fields["auto_over_fastest"] == 1.02 and fields["in_turn_earlier"] == [1.6]
+    fields = decode.in_turn(None, None, ["matmul"], None)  # a wrong choice stays past the goal: kept as it is
+    assert fields["auto_over_fastest"] == 1.7 and fields["in_turn_earlier"] == [1.9, 1.8]
+    assert decode.IN_TURN_ATTEMPTS == 3
+    ratios = iter([1.01])
+    assert decode.in_turn(None, None, ["matmul"], None)["in_turn_earlier"] == []
+
+
+def test_the_validator_and_the_sentence_read_the_earlier_ratios(decode_result):
+    timed = copy.deepcopy(decode_result)
+    for row in report.decode.decode_rows(timed, kernel="auto"):
+        row.update(auto_ms_in_turn=1.0, fastest_forced="matmul", fastest_forced_ms_in_turn=1.0, auto_over_fastest=1.0,
+                   in_turn_earlier=[])
+    assert not report.validate_result(timed)
+    assert "timed in turn again" not in report.decode.auto_sentence(timed)
+    first = report.decode.decode_rows(timed, kernel="auto")[0]
+    first["in_turn_earlier"] = [1.64]
+    assert not report.validate_result(timed)
+    assert ("1 shape came out past 1.05x at first and was timed in turn again (first ratios 1.64x; 1 within 1.05x "
+            "the next time)." in report.decode.auto_sentence(timed))
+    first["in_turn_earlier"] = [1.01]
+    assert any("in_turn_earlier [1.01]: on `auto` rows only, each earlier ratio past the goal 1.05" in problem
+               for problem in report.validate_result(timed))
+    first["in_turn_earlier"] = [1.2, 1.3, 1.4]
+    assert any("in_turn_earlier[" not in problem and "3 items, at most 2" in problem
+               for problem in report.validate_result(timed))
+
+
 def test_auto_is_set_beside_the_fastest_forced_kernel_at_every_shape(decode_result):
     """The sentence counts the shapes where the default ran within 5% of the fastest forced kernel timed in turn with
     it, and names the largest ratio and what `auto` chose there; the choices read `chose` per model, batch, context."""

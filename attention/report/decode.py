@@ -164,9 +164,16 @@ def auto_sentence(result, models=None, goal=1.05):
     chose, fastest = attention_choice(worst), worst["fastest_forced"]
     why = (f"`auto` chose `{chose}`, the fastest kernel's attention" if chose == fastest
            else f"`auto` chose `{chose}`, not `{fastest}`")
+    again = [row for row in rows if row.get("in_turn_earlier")]
+    firsts = ", ".join(f"{row['in_turn_earlier'][0]:.2f}x" for row in again)
+    retimed = "" if not again else (
+        f" {len(again)} shape{'s' if len(again) > 1 else ''} came out past {goal:.2f}x at first and "
+        f"{'were' if len(again) > 1 else 'was'} timed in turn again (first ratios {firsts}; "
+        f"{sum(row['auto_over_fastest'] <= goal for row in again)} within {goal:.2f}x the next time).")
     return (f"Timed call by call in turn with the forced kernels on the same cache, `auto` ran within {goal - 1:.0%} of "
             f"the fastest at {within} of {len(rows)} shapes; the largest ratio: {worst['auto_over_fastest']:.2f}x "
-            f"`{fastest}`'s time ({worst['model']}, batch {worst['batch']}, {worst['context']:,} positions; {why}).")
+            f"`{fastest}`'s time ({worst['model']}, batch {worst['batch']}, {worst['context']:,} positions; {why})."
+            + retimed)
 
 
 def contexts_words(contexts, measured):
