@@ -1,7 +1,8 @@
 """Decoding with a cache: the caches, and the kernels that attend over them, of every family that decodes.
 
 `DecodingCache` below is the caches' contract, written once; every cache of `caches.py` keeps it (`KVCache`,
-`SlidingWindowKVCache`, multi-head latent attention's `LatentCache`), and code that decodes, tests or times a
+`SlidingWindowKVCache`, multi-head latent attention's `LatentCache`; a linear layer's `RecurrentStateCache` is a
+state, not a cache of positions), and code that decodes, tests or times a
 cache reads nothing else of it. `kernels.py` holds what attends over a cache: `cached_attention` (SDPA, or for a
 few new tokens the grouped matmuls of `grouped_decode_attention`, as `decode_kernel` picks: `"auto"` the faster, timed
 on this machine by `tuning.py`), and the matmuls the model families' written-out attentions share (`grouped_scores`,
@@ -44,13 +45,14 @@ class DecodingCache(Protocol):
 
 
 # The two files import nothing from this one, so importing them here is no cycle.
-from attention.decoding.caches import KVCache, LatentCache, SlidingWindowKVCache  # noqa: E402
+from attention.decoding.caches import KVCache, LatentCache, RecurrentStateCache, SlidingWindowKVCache  # noqa: E402
 from attention.decoding.kernels import (AUTO_MATMUL_MAX_TOKENS, DECODE_KERNELS, cached_attention,  # noqa: E402
                                         check_decode_kernel, decode_linear, decode_path, grouped_decode_attention,
                                         grouped_scores, per_head_matmul, row_split_linear, sdpa_over_cache)
 from attention.decoding.tuning import TUNING_ENV, chosen, forget_choices, tuning_mode  # noqa: E402
 
-__all__ = ["AUTO_MATMUL_MAX_TOKENS", "DECODE_KERNELS", "DecodingCache", "KVCache", "LatentCache", "SlidingWindowKVCache",
+__all__ = ["AUTO_MATMUL_MAX_TOKENS", "DECODE_KERNELS", "DecodingCache", "KVCache", "LatentCache", "RecurrentStateCache",
+           "SlidingWindowKVCache",
            "TUNING_ENV", "cached_attention", "check_decode_kernel", "chosen", "decode_linear", "decode_path",
            "forget_choices", "grouped_decode_attention", "grouped_scores", "per_head_matmul", "row_split_linear",
            "sdpa_over_cache", "tuning_mode"]

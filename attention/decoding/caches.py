@@ -7,6 +7,8 @@ Each keeps the `attention.decoding.DecodingCache` contract (`length`, `nbytes`, 
 * `SlidingWindowKVCache`: the first `sinks` positions and the last `window` (attention sinks; a model family's
   local layer, Llama 4's chunked one), in fixed memory however long the sequence.
 * `LatentCache`: what multi-head latent attention keeps instead of keys and values (`attention.models.deepseek_v3`).
+* `RecurrentStateCache`: what a linear attention layer keeps instead (`attention.models.qwen3_next`, `kimi_linear`):
+  a state of fixed size, not a `DecodingCache` (it holds no positions to append to or rewind).
 
 Imports only torch.
 """
@@ -187,3 +189,37 @@ class LatentCache:
         if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self.length:
             raise ValueError(f"length must be an int in [0, {self.length}] (the positions cached), got length={length!r}")
         self.length = length
+
+
+class RecurrentStateCache:
+    """What a linear attention layer keeps to decode: its recurrent state `(B, H, Dk, Dv)` and its short causal
+    convolution's last `kernel_size - 1` inputs `(B, channels, kernel_size - 1)`, the same bytes at every context.
+
+    Not a `DecodingCache`: it holds no positions, so there is nothing to append per position and nothing to rewind
+    to. The layer reads both states and, after each chunk, `replace`s them (counting the chunk's positions in
+    `length`). `state_dtype` is the recurrent state's (float32 at least where the layer's weights are lower: the
+    state sums every past write). `layer` is set by the layer's `new_cache`.
+    """
+
+    def __init__(self, batch_size, channels, kernel_size, num_heads, key_dim, value_dim, dtype=torch.float32,
+                 state_dtype=None, device=None):
+        sizes = {"batch_size": batch_size, "channels": channels, "kernel_size": kernel_size, "num_heads": num_heads,
+                 "key_dim": key_dim, "value_dim": value_dim}
+        for name, value in sizes.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {name}={value!r}")
+        self.length, self.layer = 0, None
+        self.conv_state = torch.zeros(batch_size, channels, kernel_size - 1, dtype=dtype, device=device)
+        self.recurrent_state = torch.zeros(batch_size, num_heads, key_dim, value_dim, dtype=state_dtype or dtype,
+                                           device=device)
+
+    @property
+    def nbytes(self):
+        """Bytes the cache holds: both states, whatever the context."""
+        return self.conv_state.nbytes + self.recurrent_state.nbytes
+
+    def replace(self, conv_state, recurrent_state, positions):
+        """Store the states after a chunk of `positions` tokens (copied in: the cache keeps its own tensors)."""
+        self.conv_state.copy_(conv_state)
+        self.recurrent_state.copy_(recurrent_state)
+        self.length += positions

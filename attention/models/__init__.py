@@ -7,7 +7,8 @@ separate contract: these classes mirror real models (their parameter names, conf
 causal classes mirror the textbook.
 
 Each file imports only torch and the decoding family (`attention/decoding/`: the KV caches and the kernels that
-attend over them), so a copy of one runs with torch and a copy of that folder; small helpers repeated across files
+attend over them; a hybrid's file also the linear attention rules, `attention/linear/`), so a copy of one runs with
+torch and a copy of those folders; small helpers repeated across files
 are marked copies (`# Same as attention/models/__init__.py::config_value`), kept identical by tests/test_copies.py
 (`python tests/test_copies.py --fix` rewrites them from their originals).
 """
@@ -90,10 +91,13 @@ from attention.models.deepseek_v3 import DeepseekV3Attention  # noqa: E402
 from attention.models.gemma2 import Gemma2Attention  # noqa: E402
 from attention.models.gemma3 import Gemma3Attention  # noqa: E402
 from attention.models.gpt_oss import GptOssAttention  # noqa: E402
+from attention.models.kimi_linear import KimiLinearAttention  # noqa: E402
 from attention.models.llama import LlamaAttention  # noqa: E402
 from attention.models.llama4 import Llama4TextAttention  # noqa: E402
+from attention.models.minimax import MiniMaxAttention  # noqa: E402
 from attention.models.olmo2 import Olmo2Attention  # noqa: E402
 from attention.models.qwen3 import Qwen3Attention  # noqa: E402
+from attention.models.qwen3_next import Qwen3NextAttention  # noqa: E402
 
 # transformers' `model_type` -> the class that builds that model's attention layer (`from_config`).
 # MODELS[name] of a name not here raises KeyError listing the known ones.
@@ -102,6 +106,8 @@ MODELS = Registry({
     "mistral": LlamaAttention,
     "qwen2": LlamaAttention,
     "qwen3": Qwen3Attention,
+    # A hybrid: `from_config` builds its gated DeltaNet layers (Qwen3NextGatedDeltaNet) or its gated softmax layers.
+    "qwen3_next": Qwen3NextAttention,
     "olmo2": Olmo2Attention,
     "gemma2": Gemma2Attention,
     "gemma3_text": Gemma3Attention,
@@ -112,4 +118,8 @@ MODELS = Registry({
     "deepseek_v3": DeepseekV3Attention,
     "deepseek_v2": DeepseekV3Attention,
     "kimi_k2": DeepseekV3Attention,
+    # A hybrid: `from_config` builds its Kimi delta attention layers (KimiDeltaAttention) or its latent attention ones.
+    "kimi_linear": KimiLinearAttention,
+    # A hybrid: `from_config` builds its lightning attention layers (MiniMaxLightningAttention) or its softmax ones.
+    "minimax": MiniMaxAttention,
 })

@@ -1,0 +1,543 @@
+"""The layers of MiniMax-01, as transformers runs them: lightning attention beside softmax attention.
+
+MiniMax-Text-01 (MiniMax, https://arxiv.org/abs/2501.08313) runs seven lightning attention layers to each softmax
+one (`layer_types`). Lightning attention is linear attention with a fixed decay per head
+(`attention/linear/retnet.py`, `retention`): no gate depends on the input, so the state decays by the same
+`exp(-slope_h)` at every position. What the layer adds around the rule:
+
+* one projection `qkv_proj` for the queries, keys and values, through SiLU (`hidden_act`), and no scale (`scale` 1);
+* ALiBi's slopes as decays, `slope_h = 2 ** (-8 (h + 1) / H)`, scaled down layer by layer
+  (`* (1 - layer_idx / (num_hidden_layers - 1) + 1e-5)`): the last layer barely forgets;
+* an RMSNorm over all heads' outputs together, then `sigmoid(output_gate(x))` per feature before `out_proj`.
+
+transformers runs the rule in blocks of `block_size` (its "intra" and "inter" parts are the chunked form's two
+terms), and token by token over its cache. The softmax layers are Mistral's (GQA, RoPE over the whole head).
+
+`MODELS["minimax"].from_config(config, layer_idx)` builds either kind. The contract:
+`attention.models.ModelAttention`; a lightning layer's `new_cache` holds its state
+(`attention.decoding.RecurrentStateCache`, no convolution), a softmax layer's the keys and values. This file imports
+only torch, the decoding family and the rule (`attention/linear/`); its helpers are marked copies of `llama.py`'s.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attention.decoding import KVCache, RecurrentStateCache, SlidingWindowKVCache, cached_attention, check_decode_kernel
+from attention.linear.retnet import retention
+
+REQUIRED = object()  # `config_value`'s default: the field must be present
+LAYER_TYPES = ("linear_attention", "full_attention")  # the kinds of layer `layer_types` may list
+FORMS = ("recurrent", "chunked", "quadratic")  # attention.linear.checks.FORMS: how a linear layer runs the rule
+DERIVED_BUFFERS = ("slope_rate", "query_decay", "key_decay", "diagonal_decay")  # transformers' buffers, from the config
+
+
+class MiniMaxAttention(nn.Module):
+    """MiniMax's softmax attention layer: `(B, T, hidden_size) -> (B, T, hidden_size)`, Mistral's without a window.
+
+    The parameters of transformers' `MiniMaxAttention`: `q_proj`, `k_proj`, `v_proj`, `o_proj` (no biases).
+    `from_config` builds a `MiniMaxLightningAttention` for a linear layer. Over a cache, `decode_kernel` (`"auto"`,
+    `"sdpa"` or `"matmul"`) as `LlamaAttention`.
+    """
+
+    MODEL_TYPES = ("minimax",)
+    LAYER_TYPES = LAYER_TYPES
+
+    def __init__(self, config, layer_idx, *, decode_kernel="auto"):
+        super().__init__()
+        self.decode_kernel = check_decode_kernel(decode_kernel)  # over a cache: attention.decoding.DECODE_KERNELS
+        check_model_type(config, self.MODEL_TYPES)
+        self.layer_idx = check_layer_idx(config, layer_idx)
+        self.layer_type = minimax_layer_type(config, self.layer_idx)
+        if self.layer_type != "full_attention":
+            raise ValueError(f"layer {layer_idx} is a {self.layer_type} layer: build it with "
+                             "MiniMaxAttention.from_config (or MiniMaxLightningAttention)")
+        if config_value(config, "sliding_window", None):
+            raise ValueError(f"sliding_window must be None (no published MiniMax sets a window, and transformers' "
+                             f"layer gives it no mask of its own), got sliding_window={config_value(config, 'sliding_window')!r}")
+        self.hidden_size, self.num_attention_heads, self.num_key_value_heads, self.head_dim = head_sizes(config)
+        check_no_dropout(config)
+        self.scaling = self.head_dim**-0.5
+        self.sliding_window = None
+        H, H_kv, D = self.num_attention_heads, self.num_key_value_heads, self.head_dim
+        self.q_proj = nn.Linear(self.hidden_size, H * D, bias=False)
+        self.k_proj = nn.Linear(self.hidden_size, H_kv * D, bias=False)
+        self.v_proj = nn.Linear(self.hidden_size, H_kv * D, bias=False)
+        self.o_proj = nn.Linear(H * D, self.hidden_size, bias=False)
+        self.rope_parameters = rope_parameters(config, self.layer_type)
+        self.inv_freq, self.attention_scaling = rope_frequencies(self.head_dim, self.rope_parameters)
+        self.rope_tables = {}
+
+    @classmethod
+    def from_config(cls, config, layer_idx, **options):
+        """Layer `layer_idx` of the model configured by `config`: this class on a `"full_attention"` layer (`options`:
+        `decode_kernel`), `MiniMaxLightningAttention` on a `"linear_attention"` one (`options`: `form`, `chunk_size`)."""
+        check_layer_idx(config, layer_idx)
+        if minimax_layer_type(config, layer_idx) == "linear_attention":
+            return MiniMaxLightningAttention(config, layer_idx, **options)
+        return cls(config, layer_idx, **options)
+
+    def forward(self, x, cache=None):
+        """`x` `(B, T, hidden_size)` -> `(B, T, hidden_size)`; with `cache`, `x` continues the cached sequence."""
+        check_input(x, self.hidden_size, self.o_proj.weight.dtype)
+        B, T, C = x.shape
+        start = 0 if cache is None else check_cache(self, cache, x)  # the position of x's first token
+        q = self.q_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, H_kv, T, D)
+        v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, H_kv, T, D)
+        cos, sin = rotary_cos_sin(self, start, T, x)  # (T, D) each
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        keys, values, mask = (k, v, None) if cache is None else cache.update(k, v)  # mask None: causal
+        attn_output = cached_attention(q, keys, values, mask, self.scaling, self.decode_kernel,
+                                       over_cache=cache is not None)  # (B, H, T, D)
+        return self.o_proj(attn_output.transpose(1, 2).reshape(B, T, -1))  # (B, T, hidden_size)
+
+    # Same as attention/models/llama.py::LlamaAttention.new_cache
+    def new_cache(self, batch_size, capacity):
+        """An empty KV cache for `batch_size` sequences of up to `capacity` positions (a sliding layer keeps only
+        its window: at most `sliding_window` positions, however long the sequence)."""
+        return make_cache(self, batch_size, capacity)
+
+    # Same as attention/models/llama.py::LlamaAttention.load_state_dict
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        """`nn.Module.load_state_dict`, with `ValueError` naming a missing, unexpected or misshapen key."""
+        check_state_dict(self, state_dict, strict)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+
+class MiniMaxLightningAttention(nn.Module):
+    """MiniMax's lightning attention layer: `(B, T, hidden_size) -> (B, T, hidden_size)`.
+
+    The parameters of transformers' `MiniMaxLightningAttention`: `qkv_proj`, `output_gate`, `norm.weight` `(H D,)`,
+    `out_proj`; its decay buffers (`slope_rate` and the block tables derived from it) are computed from the config,
+    and `load_state_dict` drops them where a state dict holds them. `form` (`"chunked"` by default, chunks of
+    `chunk_size`, `block_size` in transformers; `"recurrent"` or `"quadratic"`: the same function,
+    `attention.linear.retention`) chooses how a prompt runs; a cached step of one token is always the recurrence.
+    """
+
+    MODEL_TYPES = ("minimax",)
+    LAYER_TYPES = LAYER_TYPES
+
+    def __init__(self, config, layer_idx, *, form="chunked", chunk_size=None):
+        super().__init__()
+        check_model_type(config, self.MODEL_TYPES)
+        self.layer_idx = check_layer_idx(config, layer_idx)
+        self.layer_type = minimax_layer_type(config, self.layer_idx)
+        if self.layer_type != "linear_attention":
+            raise ValueError(f"layer {layer_idx} is a {self.layer_type} layer: build it with "
+                             "MiniMaxAttention.from_config (or MiniMaxAttention)")
+        if form not in FORMS:
+            raise ValueError(f"form must be one of {FORMS}, got form={form!r}")
+        self.form = form
+        self.chunk_size = config_value(config, "block_size", 256) if chunk_size is None else chunk_size
+        check_int("chunk_size" if chunk_size is not None else "block_size", self.chunk_size)
+        activation = config_value(config, "hidden_act", "silu")
+        if activation != "silu":
+            raise ValueError(f"hidden_act must be 'silu' (the activation of the queries, keys and values in every "
+                             f"published MiniMax), got hidden_act={activation!r}")
+        self.hidden_size, self.num_attention_heads, _, self.head_dim = head_sizes(config)
+        H, D = self.num_attention_heads, self.head_dim
+        self.qkv_proj = nn.Linear(self.hidden_size, 3 * H * D, bias=False)
+        self.output_gate = nn.Linear(self.hidden_size, H * D, bias=False)
+        self.norm = MiniMaxRMSNorm(H * D)  # transformers' default eps, 1e-6: its layer passes none
+        self.out_proj = nn.Linear(H * D, self.hidden_size, bias=False)
+        # float64 on the CPU, not a buffer: `module.to(torch.bfloat16)` would round the decays.
+        self.slopes = lightning_slopes(H, self.layer_idx, config_value(config, "num_hidden_layers"))  # (H,)
+
+    @classmethod
+    def from_config(cls, config, layer_idx, **options):
+        """Layer `layer_idx` of the model configured by `config`, whichever its kind (`MiniMaxAttention.from_config`)."""
+        return MiniMaxAttention.from_config(config, layer_idx, **options)
+
+    def forward(self, x, cache=None):
+        """`x` `(B, T, hidden_size)` -> `(B, T, hidden_size)`; with `cache`, `x` continues the cached sequence (its
+        state is read and replaced)."""
+        check_input(x, self.hidden_size, self.out_proj.weight.dtype)
+        if cache is not None:
+            check_state_cache(self, cache, x)
+        B, T, C = x.shape
+        H, D = self.num_attention_heads, self.head_dim
+        qkv = F.silu(self.qkv_proj(x)).view(B, T, H, 3 * D)  # per head: D query, D key, D value features
+        compute = torch.promote_types(x.dtype, torch.float32)  # the rule runs in float32 at least
+        q, k, v = (t.to(compute).transpose(1, 2) for t in qkv.split(D, dim=-1))  # (B, H, T, D) each
+        log_decay = -self.slopes.to(x.device, compute)  # (H,): the state decays by exp(-slope_h) at every position
+        state = None if cache is None else cache.recurrent_state
+        form = "recurrent" if cache is not None and T == 1 else self.form
+        out, state = retention(q, k, v, log_decay, form=form, initial_state=state, scale=1.0,
+                               chunk_size=self.chunk_size)  # (B, H, T, D): no scale on the queries
+        if cache is not None:
+            cache.replace(cache.conv_state, state, T)  # no convolution: only the state changes
+        out = out.to(x.dtype)
+        out = self.norm(out.transpose(1, 2).reshape(B, T, H * D))  # one RMSNorm over every head's features
+        out = torch.sigmoid(self.output_gate(x)) * out  # the output gate, one per feature
+        return self.out_proj(out)  # (B, T, hidden_size)
+
+    def new_cache(self, batch_size, capacity=None):
+        """Empty state for `batch_size` sequences (`attention.decoding.RecurrentStateCache`, no convolution): `(B, H, D,
+        D)`, float32 at least. `capacity` is ignored: the state's size is the same at every context."""
+        weight = self.out_proj.weight
+        cache = RecurrentStateCache(batch_size, 1, 1, self.num_attention_heads, self.head_dim, self.head_dim,
+                                    dtype=weight.dtype, device=weight.device,
+                                    state_dtype=torch.promote_types(weight.dtype, torch.float32))
+        cache.layer = (type(self).__name__, self.layer_idx)  # check_state_cache refuses it to any other layer
+        return cache
+
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        """`nn.Module.load_state_dict` after dropping transformers' decay buffers (computed here from the config), with
+        `ValueError` naming a missing, unexpected or misshapen key."""
+        state_dict = {name: tensor for name, tensor in state_dict.items() if name not in DERIVED_BUFFERS}
+        check_state_dict(self, state_dict, strict)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+
+class MiniMaxRMSNorm(nn.Module):
+    """`x / sqrt(mean(x²) + eps) * weight` over the last dimension, computed in float32 at least, the weight applied in
+    `x`'s dtype (transformers' `MiniMaxRMSNorm`)."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.variance_epsilon = eps
+
+    def forward(self, x):
+        y = x.to(torch.promote_types(x.dtype, torch.float32))
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * y.to(x.dtype)
+
+
+def lightning_slopes(num_heads, layer_idx, num_hidden_layers):
+    """The decay rates of layer `layer_idx`, float64 `(H,)`: ALiBi's slopes `2 ** (-8 (h + 1) / H)`, times
+    `1 - layer_idx / (num_hidden_layers - 1 + 1e-5) + 1e-5`, so deeper layers forget more slowly."""
+    heads = torch.arange(1, num_heads + 1, dtype=torch.float64)
+    return (2 ** (-8 / num_heads)) ** heads * (1 - layer_idx / (num_hidden_layers - 1 + 1e-5) + 1e-5)
+
+
+def minimax_layer_type(config, layer_idx):
+    """transformers' kind of layer `layer_idx`: `config.layer_types[layer_idx]` where listed, else its config class's
+    default (layers 0, 2, 4, ... softmax attention, the others lightning)."""
+    layer_types = listed_layer_types(config, LAYER_TYPES)
+    if layer_types is not None:
+        return layer_types[layer_idx]
+    return "full_attention" if (layer_idx + 1) % 2 else "linear_attention"
+
+
+def check_state_cache(module, cache, x):
+    """Raise a clear error unless `cache` was made by this lightning layer (`new_cache`) for `x`'s batch, dtype and
+    device, and gradients are off (a cache is for inference)."""
+    if not isinstance(cache, RecurrentStateCache):
+        raise TypeError(f"cache must come from the layer's new_cache(), got {type(cache).__name__}")
+    layer = (type(module).__name__, module.layer_idx)
+    if cache.layer != layer:
+        raise ValueError(f"cache was made by {cache.layer[0] if cache.layer else None} layer "
+                         f"{cache.layer[1] if cache.layer else None}, not by this layer ({layer[0]} layer {layer[1]}, "
+                         f"{module.layer_type})")
+    made_for = cache.conv_state  # empty, in the layer's dtype
+    if x.shape[0] != made_for.shape[0]:
+        raise ValueError(f"x has batch size {x.shape[0]}, the cache was made for batch_size={made_for.shape[0]}")
+    if made_for.dtype != x.dtype or made_for.device != x.device:
+        raise ValueError(f"cache is {made_for.dtype} on {made_for.device}, x is {x.dtype} on {x.device}")
+    if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in module.parameters())):
+        raise ValueError("a cache is for inference: call the layer under torch.no_grad() or torch.inference_mode()")
+
+
+
+# Same as attention/models/llama.py::rope_parameters
+def rope_parameters(config, layer_type):
+    """The RoPE parameters of a layer: `{"rope_type", "rope_theta", ...}` (a new dict).
+
+    transformers 5 keeps them in `config.rope_parameters` (one dict, or one per layer type); a published
+    config.json has transformers 4's `rope_theta` and `rope_scaling`.
+    """
+    parameters = config_value(config, "rope_parameters", None)
+    if parameters is None:
+        parameters = mapping("rope_scaling", config_value(config, "rope_scaling", None))
+        parameters["rope_theta"] = config_value(config, "rope_theta")
+    else:
+        parameters = mapping("rope_parameters", parameters)
+        if layer_type in parameters:
+            parameters = mapping(f"rope_parameters[{layer_type!r}]", parameters[layer_type])
+    parameters["rope_type"] = parameters.pop("type", None) or parameters.get("rope_type") or "default"
+    return parameters
+
+# Same as attention/models/llama.py::rope_frequencies
+def rope_frequencies(head_dim, parameters):
+    """RoPE's inverse frequencies `(head_dim / 2,)` (float64, CPU) and the factor its cos and sin are multiplied by.
+
+    Pair `i` turns by `position * inv_freq[i]`, `inv_freq[i] = rope_theta ** (-2i / head_dim)`, unless
+    `rope_type` stretches the slow pairs for a longer context: `"linear"` divides every frequency by `factor`;
+    `"llama3"` (Llama 3.1) divides the pairs slower than `original_max_position_embeddings / low_freq_factor`
+    by `factor`, keeps those faster than `... / high_freq_factor`, and blends between; `"yarn"`
+    (https://arxiv.org/abs/2309.00071) blends by pair index between the pairs turning `beta_fast` and
+    `beta_slow` times over the original context, and multiplies cos and sin by `0.1 ln(factor) + 1`.
+    Parameters that cannot rotate raise first (`check_rope_parameters`).
+    """
+    check_rope_parameters(head_dim, parameters)
+    base, kind = parameters["rope_theta"], parameters["rope_type"]
+    pair = torch.arange(head_dim // 2, dtype=torch.float64, device="cpu")
+    inv_freq = base ** (-2 * pair / head_dim)
+    if kind == "default":
+        return inv_freq, 1.0
+    factor = parameters["factor"]
+    if kind == "linear":
+        return inv_freq / factor, 1.0
+    original = parameters["original_max_position_embeddings"]
+    if kind == "llama3":
+        low, high = parameters["low_freq_factor"], parameters["high_freq_factor"]
+        blend = ((original * inv_freq / (2 * math.pi) - low) / (high - low)).clamp(0, 1)  # 0: slow pairs, 1: fast
+        return (1 - blend) * inv_freq / factor + blend * inv_freq, 1.0
+    if kind == "yarn":
+        def pair_turning(turns):  # the (fractional) pair index turning `turns` times over the original context
+            return head_dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = pair_turning(parameters.get("beta_fast") or 32), pair_turning(parameters.get("beta_slow") or 1)
+        if parameters.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, head_dim - 1)
+        ramp = ((pair - low) / ((high - low) or 0.001)).clamp(0, 1)  # 0: keep the frequency, 1: divide by factor
+        attention_factor = parameters.get("attention_factor")
+        if attention_factor is None:
+            def magnitude(scale, multiplier=1.0):
+                return 1.0 if scale <= 1 else 0.1 * multiplier * math.log(scale) + 1.0
+
+            mscale, mscale_all_dim = parameters.get("mscale"), parameters.get("mscale_all_dim")
+            attention_factor = (magnitude(factor, mscale) / magnitude(factor, mscale_all_dim)
+                                if mscale and mscale_all_dim else magnitude(factor))
+        return (1 - ramp) * inv_freq + ramp * inv_freq / factor, float(attention_factor)
+
+# Same as attention/models/llama.py::rotary_cos_sin
+def rotary_cos_sin(module, start, length, like):
+    """cos and sin `(length, D)` of the angles at positions `start .. start + length - 1`, in `like`'s dtype.
+
+    Computed in float64 (float32 on MPS, which has no float64) from `module.inv_freq`, times
+    `module.attention_scaling`, in the rotate-half layout: feature `i` pairs with `i + D/2`.
+    """
+    dtype = torch.float32 if like.device.type == "mps" else torch.float64
+    if (like.device, dtype) not in module.rope_tables:
+        module.rope_tables[(like.device, dtype)] = module.inv_freq.to(like.device, dtype)
+    inv_freq = module.rope_tables[(like.device, dtype)]  # (D/2,)
+    positions = torch.arange(start, start + length, device=like.device, dtype=dtype)  # (T,)
+    angles = positions[:, None] * inv_freq[None, :]  # (T, D/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (T, D)
+    scale = module.attention_scaling
+    return (angles.cos() * scale).to(like.dtype), (angles.sin() * scale).to(like.dtype)
+
+# Same as attention/positional/rotary.py::rotate_half
+def rotate_half(x):
+    """`(x1, x2) -> (-x2, x1)` on the two halves of the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+# Same as attention/positional/rotary.py::apply_rotary
+def apply_rotary(x, cos, sin):
+    """Rotate each pair `(x[..., i], x[..., i + D/2])` of `(B, H, T, D)` `x` by its position's angle."""
+    return x * cos + rotate_half(x) * sin  # (B, H, T, D)
+
+# Same as attention/models/llama.py::make_cache
+def make_cache(module, batch_size, capacity):
+    """`module.new_cache`: a `KVCache` of `capacity` positions, or, on a sliding layer whose window is shorter,
+    a `SlidingWindowKVCache` of the window (the keys older than the window are never read again)."""
+    sizes = dict(batch_size=batch_size, num_kv_heads=module.num_key_value_heads, head_dim=module.head_dim,
+                 dtype=module.k_proj.weight.dtype, device=module.k_proj.weight.device)
+    window = module.sliding_window
+    if window is not None and not (isinstance(capacity, int) and capacity <= window):
+        cache = SlidingWindowKVCache(window=window, **sizes)
+    else:
+        cache = KVCache(capacity=capacity, **sizes)
+    cache.layer = (type(module).__name__, module.layer_idx)  # check_cache refuses it to any other layer
+    return cache
+
+# Same as attention/models/llama.py::check_cache
+def check_cache(module, cache, x):
+    """Raise a clear error unless `cache` was made by this layer (`new_cache`) for `x`'s batch, dtype and device,
+    and gradients are off (a cache is for inference); return the position of `x`'s first token."""
+    if not isinstance(cache, (KVCache, SlidingWindowKVCache)) or not hasattr(cache, "layer"):
+        raise TypeError(f"cache must come from the layer's new_cache(), got {type(cache).__name__}")
+    layer = (type(module).__name__, module.layer_idx)
+    if cache.layer != layer:
+        raise ValueError(f"cache was made by {cache.layer[0]} layer {cache.layer[1]}, not by this layer "
+                         f"({layer[0]} layer {layer[1]}, {module.layer_type})")
+    B, H_kv, _, D = cache.keys.shape
+    if (H_kv, D) != (module.num_key_value_heads, module.head_dim):
+        raise ValueError(f"cache holds {H_kv} K/V heads of size {D}, the layer has num_key_value_heads="
+                         f"{module.num_key_value_heads}, head_dim={module.head_dim}")
+    span = module.sliding_window or getattr(module, "attention_chunk_size", None)  # a local layer's window or chunk
+    if isinstance(cache, SlidingWindowKVCache) and cache.window != span:
+        raise ValueError(f"cache keeps a window of {cache.window} positions, the layer's is {span}")
+    if x.shape[0] != B:
+        raise ValueError(f"x has batch size {x.shape[0]}, the cache was made for batch_size={B}")
+    if cache.keys.dtype != x.dtype or cache.keys.device != x.device:
+        raise ValueError(f"cache is {cache.keys.dtype} on {cache.keys.device}, x is {x.dtype} on {x.device}")
+    if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in module.parameters())):
+        raise ValueError("a KV cache is for inference: call the layer under torch.no_grad() or torch.inference_mode()")
+    return cache.length
+
+# Same as attention/models/llama.py::check_state_dict
+def check_state_dict(module, state_dict, strict):
+    """Raise `ValueError` naming each key of `state_dict` that does not fit `module` (missing where `strict`,
+    unexpected where `strict`, or of another shape, with both shapes)."""
+    expected = {name: tuple(tensor.shape) for name, tensor in module.state_dict().items()}
+    missing, unexpected = sorted(set(expected) - set(state_dict)), sorted(set(state_dict) - set(expected))
+    if strict and (missing or unexpected):
+        raise ValueError(f"state dict does not fit {type(module).__name__} layer {module.layer_idx}: "
+                         f"missing keys {missing}, unexpected keys {unexpected}")
+    for name in sorted(set(expected) & set(state_dict)):
+        if tuple(state_dict[name].shape) != expected[name]:
+            raise ValueError(f"state dict does not fit {type(module).__name__} layer {module.layer_idx}: {name} has "
+                             f"shape {tuple(state_dict[name].shape)}, the layer's is {expected[name]}")
+
+# Same as attention/models/llama.py::check_input
+def check_input(x, hidden_size, dtype):
+    """Raise a clear error unless `x` is a floating `(B, T, hidden_size)` tensor with T > 0, of the layer's `dtype`
+    (that of its weights; under autocast, which casts them, any floating dtype)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor, got x.dtype={x.dtype}")
+    if x.dim() != 3 or x.shape[-1] != hidden_size or x.shape[1] == 0:
+        raise ValueError(f"x must have shape (B, T > 0, hidden_size={hidden_size}), got x.shape={tuple(x.shape)}")
+    if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
+        raise ValueError(f"x.dtype={x.dtype} differs from the layer's dtype {dtype}: convert x (x.to({dtype})) "
+                         f"or the layer (layer.to({x.dtype}))")
+
+# Same as attention/models/llama.py::check_model_type
+def check_model_type(config, model_types):
+    """Raise a clear error unless the config's `model_type` (where it names one) is one of `model_types`."""
+    model_type = config_value(config, "model_type", None) or model_types[0]
+    if model_type not in model_types:
+        raise ValueError(f"this class builds the layers of model_type {', '.join(model_types)}; "
+                         f"the config has model_type={model_type!r} (attention.models.MODELS maps each to its class)")
+
+# Same as attention/models/llama.py::check_layer_idx
+def check_layer_idx(config, layer_idx):
+    """`layer_idx`, checked to be an int in `[0, num_hidden_layers)`."""
+    num_hidden_layers = config_value(config, "num_hidden_layers")
+    check_int("num_hidden_layers", num_hidden_layers)
+    if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or not 0 <= layer_idx < num_hidden_layers:
+        raise ValueError(f"layer_idx must be an int in [0, num_hidden_layers={num_hidden_layers}), got layer_idx={layer_idx!r}")
+    return layer_idx
+
+# Same as attention/models/llama.py::check_heads
+def check_heads(num_attention_heads, num_key_value_heads):
+    """Raise a clear error unless `num_key_value_heads` divides `num_attention_heads`."""
+    if num_key_value_heads <= 0 or num_attention_heads % num_key_value_heads != 0:
+        raise ValueError(f"num_key_value_heads must divide num_attention_heads, got num_key_value_heads="
+                         f"{num_key_value_heads}, num_attention_heads={num_attention_heads}")
+
+# Same as attention/models/llama.py::check_no_dropout
+def check_no_dropout(config):
+    """Raise a clear error for a config with attention dropout: these layers have none (every published config: 0.0)."""
+    dropout = config_value(config, "attention_dropout", 0.0) or 0.0
+    if dropout != 0:
+        raise ValueError(f"attention_dropout must be 0.0 (these layers have no attention dropout), got {dropout}")
+
+# Same as attention/models/llama.py::head_sizes
+def head_sizes(config):
+    """`(hidden_size, num_attention_heads, num_key_value_heads, head_dim)` of the config, checked: positive ints,
+    the K/V heads dividing the query heads. As transformers reads them, `num_key_value_heads` absent, None or 0
+    means one K/V head per query head, and `head_dim` absent, None or 0 `hidden_size // num_attention_heads`."""
+    hidden_size, num_attention_heads = config_value(config, "hidden_size"), config_value(config, "num_attention_heads")
+    check_int("hidden_size", hidden_size)
+    check_int("num_attention_heads", num_attention_heads)
+    num_key_value_heads = config_value(config, "num_key_value_heads", None) or num_attention_heads
+    head_dim = config_value(config, "head_dim", None) or hidden_size // num_attention_heads
+    check_int("num_key_value_heads", num_key_value_heads)
+    check_int("head_dim", head_dim)
+    check_heads(num_attention_heads, num_key_value_heads)
+    return hidden_size, num_attention_heads, num_key_value_heads, head_dim
+
+# Same as attention/models/llama.py::listed_layer_types
+def listed_layer_types(config, kinds):
+    """`config.layer_types`, checked: a list (or tuple) of `num_hidden_layers` kinds of layer, each one of `kinds`
+    (the family's); None where the config lists none."""
+    layer_types = config_value(config, "layer_types", None)
+    if layer_types is None:
+        return None
+    if not isinstance(layer_types, (list, tuple)):
+        raise TypeError(f"layer_types must be a list of layer kinds, one per layer, got layer_types={layer_types!r}")
+    num_hidden_layers = config_value(config, "num_hidden_layers")
+    if len(layer_types) != num_hidden_layers:
+        raise ValueError(f"layer_types must list one kind per layer (num_hidden_layers={num_hidden_layers}), "
+                         f"got {len(layer_types)}: layer_types={layer_types!r}")
+    for kind in layer_types:
+        if not isinstance(kind, str) or kind not in kinds:
+            raise ValueError(f"layer_types holds {kind!r}; the layers of this family are {', '.join(kinds)}")
+    return layer_types
+
+# Same as attention/models/llama.py::mapping
+def mapping(name, value):
+    """A new dict of the config field `name` (`rope_scaling`, `rope_parameters`): `{}` for None, `TypeError` for
+    anything but a dict."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError(f"{name} must be a dict of RoPE fields, got {name}={value!r}")
+    return dict(value)
+
+# Same as attention/models/llama.py::check_rope_parameters
+def check_rope_parameters(head_dim, parameters):
+    """Raise a clear error unless `parameters` (`{"rope_type", "rope_theta", ...}`) can rotate heads of `head_dim`.
+
+    The `rope_type` first (default, linear, llama3 or yarn), then each field it reads, present and in range:
+    `rope_theta` and `factor` finite and > 0 (`rope_theta` > 1 for YaRN, which divides by its log),
+    `original_max_position_embeddings` a positive int, Llama 3's `low_freq_factor` and `high_freq_factor` finite,
+    > 0 and in that order; YaRN's optional `beta_fast`, `beta_slow`, `mscale`, `mscale_all_dim` and
+    `attention_factor`, where set (None or 0: the default, but a 0 attention factor), finite and > 0. RoPE turns
+    pairs of features, so `head_dim` must be even.
+    """
+    needs = {"default": (), "linear": ("factor",),
+             "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+             "yarn": ("factor", "original_max_position_embeddings")}
+    kind = parameters["rope_type"]
+    if kind not in needs:
+        raise ValueError(f"rope_type must be one of {', '.join(needs)}, got rope_type={kind!r}")
+    for name in ("rope_theta",) + needs[kind]:
+        if parameters.get(name) is None:
+            raise ValueError(f"config lacks the field {name!r}, which rope_type={kind!r} reads (rope_parameters={parameters})")
+        if name == "original_max_position_embeddings":
+            check_int(name, parameters[name])
+        else:
+            check_finite(name, parameters[name], above=1 if (kind, name) == ("yarn", "rope_theta") else 0)
+    if kind == "llama3" and parameters["high_freq_factor"] < parameters["low_freq_factor"]:
+        raise ValueError(f"high_freq_factor must be at least low_freq_factor (Llama 3.1's blend runs from one to the "
+                         f"other), got low_freq_factor={parameters['low_freq_factor']}, "
+                         f"high_freq_factor={parameters['high_freq_factor']}")
+    if kind == "yarn":
+        for name in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+            if parameters.get(name):  # None or 0: the default
+                check_finite(name, parameters[name])
+        if parameters.get("attention_factor") is not None:  # 0 would zero every query and key: uniform attention
+            check_finite("attention_factor", parameters["attention_factor"])
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even where RoPE rotates it (pairs of features), got head_dim={head_dim}")
+
+# Same as attention/models/llama.py::check_finite
+def check_finite(name, value, above=0):
+    """Raise `TypeError` unless `value` is a number (an int or a float; a bool is not), `ValueError` unless it is
+    finite and greater than `above`: the config field `name`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {name}={value!r}")
+    if not (math.isfinite(value) and value > above):
+        raise ValueError(f"{name} must be finite and > {above}, got {name}={value!r}")
+
+# Same as attention/checks.py::check_int
+def check_int(name, value, minimum=1):
+    """Raise `TypeError` unless `value` is an int (a bool is not), `ValueError` if it is below `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {name}={value!r}")
+    if value < minimum:
+        bound = {0: "non-negative", 1: "positive"}.get(minimum, f"at least {minimum}")
+        raise ValueError(f"{name} must be {bound}, got {name}={value}")
+
+# Same as attention/models/__init__.py::config_value
+def config_value(config, name, default=REQUIRED):
+    """`config.name`, or `config[name]` for a mapping; `default` if absent, `ValueError` naming it if required."""
+    if isinstance(config, dict):
+        value = config.get(name, default)
+    else:
+        value = getattr(config, name, default)
+    if value is REQUIRED:
+        kind = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
+        raise ValueError(f"config lacks the field {name!r} (model_type={kind!r})")
+    return value
