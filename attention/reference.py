@@ -629,3 +629,30 @@ def reference_latent_attention(x, state, num_heads, qk_nope_head_dim, qk_rope_he
     attn_output, weights = reference_kernel(q, k, v_content, mask=causal_mask, scale=scale)  # (B, H, T, Dv)
     attn_output = attn_output.permute(0, 2, 1, 3).reshape(B, T, H * Dv)  # eq. 19: [o_1; ...; o_H]
     return linear(attn_output, "o_proj"), weights
+
+
+def reference_delta_rule(q, k, v, g=None, beta=None, *, scale=None, initial_state=None):
+    """The (gated) delta rule by its definition, position by position in float64 (DeltaNet, Schlag et al. 2021;
+    gated DeltaNet, Yang et al. 2024; Kimi delta attention, 2025): per head, a state `S` `(Dk, Dv)`,
+
+        S' = diag(exp(g_t)) S,    S_t = S' + k_t (beta_t (v_t - S'ᵀ k_t))ᵀ,    o_t = S_tᵀ (scale q_t)
+
+    q, k `(B, H, T, Dk)`, v `(B, H, T, Dv)`; `g` the log-decay, `(B, H, T)` (one per head: gated DeltaNet) or
+    `(B, H, T, Dk)` (one per key channel: KDA), None for none (DeltaNet); `beta` `(B, H, T)`, None for 1; `scale`
+    default `1 / sqrt(Dk)`. Returns `(out (B, H, T, Dv), final_state (B, H, Dk, Dv))`, float64.
+    """
+    q, k, v = (t.to(torch.float64) for t in (q, k, v))
+    B, H, T, Dk = q.shape
+    scale = 1 / math.sqrt(Dk) if scale is None else scale
+    state = (torch.zeros(B, H, Dk, v.shape[-1], dtype=torch.float64, device=q.device) if initial_state is None
+             else initial_state.to(torch.float64))
+    outs = []
+    for t in range(T):
+        if g is not None:
+            decay = g[:, :, t].to(torch.float64).exp()  # (B, H) or (B, H, Dk)
+            state = state * (decay[..., None, None] if decay.dim() == 2 else decay[..., :, None])
+        written = 1.0 if beta is None else beta[:, :, t].to(torch.float64)[..., None]  # (B, H, 1)
+        recalled = (k[:, :, t, :, None] * state).sum(dim=-2)  # (B, H, Dv): what the state returns for k_t
+        state = state + k[:, :, t, :, None] * (written * (v[:, :, t] - recalled))[..., None, :]
+        outs.append((q[:, :, t, :, None] * scale * state).sum(dim=-2))  # (B, H, Dv)
+    return torch.stack(outs, dim=2), state

@@ -16,7 +16,7 @@
 # %%
 import torch
 
-from attention.display import show, show_source, show_table
+from attention.display import show, show_markdown, show_source, show_table
 from attention.linear import (delta_rule, gated_delta_rule, gated_linear_attention, kimi_delta_rule, retention,
                               retnet_log_decays, ssd)
 from attention.linear import gated_delta, gla, kimi_delta, mamba2
@@ -158,3 +158,50 @@ kv_bytes_per_token = 2 * kv_heads * head_dim * bytes_per_value  # a key and a va
 crossover = state_bytes // kv_bytes_per_token
 print(f"state: {state_bytes / 2**20:.0f} MiB per sequence at any context; KV cache: {kv_bytes_per_token / 2**10:.0f} KiB "
       f"per token, as large as the state from {crossover:,} tokens, {131072 // crossover}x the state at 131,072 tokens")
+
+# %% [markdown]
+# ## The hybrid models' layers
+#
+# `attention/models/` holds the layers of three hybrids, each equal to transformers' own
+# (tests/test_hybrids.py): `qwen3_next.py` (gated DeltaNet beside gated softmax attention),
+# `kimi_linear.py` (Kimi delta attention beside latent attention without RoPE) and `minimax.py`
+# (lightning attention beside softmax attention). `from_config` builds either kind of layer from
+# the config's `layer_types`, and a linear layer decodes with its states (the recurrent state and its
+# short convolution's last inputs) instead of a KV cache. A tiny Qwen3-Next, one layer in four
+# softmax attention, and its first layer decoding token by token against the whole prompt at once:
+
+# %%
+from attention.models import MODELS
+
+tiny = dict(model_type="qwen3_next", hidden_size=64, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, rms_norm_eps=1e-6, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+            linear_value_head_dim=16, linear_conv_kernel_dim=4, rope_parameters={"rope_theta": 1e7,
+                                                                                 "partial_rotary_factor": 0.25})
+layers = [MODELS["qwen3_next"].from_config(tiny, i).double() for i in range(tiny["num_hidden_layers"])]
+print(" ".join("L" if layer.layer_type == "linear_attention" else "S" for layer in layers),
+      "(L: gated DeltaNet, S: softmax attention)")
+x = torch.randn(1, 40, tiny["hidden_size"], dtype=torch.float64)
+with torch.no_grad():
+    whole = layers[0](x)  # the prompt at once: the chunked form
+    cache = layers[0].new_cache(batch_size=1)
+    steps = torch.cat([layers[0](x[:, t:t + 1], cache=cache) for t in range(40)], dim=1)  # one token at a time
+print(f"state cache: {cache.nbytes:,} bytes after {cache.length} tokens; largest difference from the whole prompt: "
+      f"{(steps - whole).abs().max():.1e}")
+
+# %% [markdown]
+# ## Measured: the rule against softmax attention on a CPU
+#
+# The benchmark's linear profile times the gated delta rule's attention core in each form against
+# SDPA's causal attention, by prompt length, and one decode step over the state against one over a
+# KV cache, each row checked against the rule's float64 definition first. The recorded run, read by
+# `attention.report.linear`:
+
+# %%
+from attention.report.linear import linear_section, plot_prefill
+from attention.report.long import recorded
+
+linear_path, linear_run = recorded("linear")  # float32
+
+# %% tags=["hide-input"]
+show(plot_prefill(linear_run))
+show_markdown(linear_section(linear_path, linear_run))

@@ -23,6 +23,7 @@ SWEEPS = {name: importlib.import_module(f"attention.bench.sweeps.{name}") for na
     "prefill",
     "bounds",
     "kernels",
+    "linear",
 )}
 
 

@@ -1,0 +1,143 @@
+"""The linear sweep's results shown: the gated delta rule's forms against SDPA by prompt length, the chunk size, and a
+decode step over a state against one over a KV cache, with the crossovers in words (the sweep itself:
+`attention.bench.sweeps.linear`)."""
+
+from attention.bench import core
+from attention.bench.sweeps.linear import DECODE_KERNELS, NAME, PREFILL_KERNELS
+from attention.report.format import collapsed, mebibytes, nested, number, percent, run_line, status_cell, table, title_suffix
+
+KERNEL_WORDS = {"recurrent": "the recurrent form", "chunked": "the chunked form", "quadratic": "the quadratic form",
+                "sdpa": "SDPA's causal attention", "state_step": "the state step", "kv_cache_step": "the KV cache step"}
+
+
+def part_rows(result, part):
+    return [row for row in (result.get(NAME) or {}).get("rows", []) if row["part"] == part]
+
+
+def cell(row):
+    return status_cell(row, lambda r: f"{number(r['ms_median'])} ms · {number(r['tflops'])} TFLOP/s · "
+                                      f"{percent(r['share_of_paired_matmul'])}")
+
+
+def across(rows, key, header, label):
+    """A table of `rows`: one line per kernel, one column per `key` value (`header` names it)."""
+    by_kernel = nested(rows, "kernel", key)
+    values = list(dict.fromkeys(row[key] for row in sorted(rows, key=lambda row: row[key])))
+    lines = [[f"`{kernel}`", *(cell(cells[value]) if value in cells else "" for value in values)]
+             for kernel, cells in by_kernel.items()]
+    return table([label, *(f"{header} {value:,}" for value in values)], lines, "l" + "r" * len(values))
+
+
+def faster_from(rows, fast, slow):
+    """The shortest measured length from which `fast`'s median is below `slow`'s at that length and every longer one
+    where both were measured (None where it never is), and the lengths where both were measured."""
+    pairs = nested(rows, "seq_len", "kernel")
+    both = sorted(T for T, pair in pairs.items() if core.usable(pair.get(fast)) and core.usable(pair.get(slow)))
+    from_ = [T for i, T in enumerate(both) if all(pairs[U][fast]["ms_median"] < pairs[U][slow]["ms_median"]
+                                                  for U in both[i:])]
+    return (from_[0] if from_ else None), both, pairs
+
+
+def crossover_sentence(rows, fast, slow, unit):
+    """Where `fast` overtakes `slow`, in words, from the measured rows; "" where they share no length."""
+    found, both, pairs = faster_from(rows, fast, slow)
+    if not both:
+        return ""
+    last = pairs[both[-1]]
+    ratio = last[slow]["ms_median"] / last[fast]["ms_median"]
+    where = ("at every " + unit + " measured" if found == both[0] else
+             f"from {found:,} {unit}s on" if found is not None else "at none of the " + unit + "s measured")
+    return (f"{KERNEL_WORDS[fast].capitalize()} is faster than {KERNEL_WORDS[slow]} {where} ({both[0]:,} to "
+            f"{both[-1]:,}); at {both[-1]:,} it takes {number(last[fast]['ms_median'])} ms against "
+            f"{number(last[slow]['ms_median'])} ms ({ratio:.2f}x).")
+
+
+def chunk_sentence(result):
+    rows = [row for row in part_rows(result, "chunk") if core.usable(row)]
+    if not rows:
+        return ""
+    best, worst = min(rows, key=lambda row: row["ms_median"]), max(rows, key=lambda row: row["ms_median"])
+    return (f"At {best['seq_len']:,} tokens the fastest chunk is {best['chunk_size']} positions "
+            f"({number(best['ms_median'])} ms); the slowest measured, {worst['chunk_size']}, takes "
+            f"{worst['ms_median'] / best['ms_median']:.2f}x as long.")
+
+
+def decode_table(result):
+    """Per context: each step's median time and the bytes it reads that are not weights."""
+    pairs = nested(part_rows(result, "decode"), "seq_len", "kernel")
+    lines = [[f"{T:,}", *(status_cell(pair.get(kernel), lambda r: f"{number(r['ms_median'])} ms · "
+                                                                    f"{mebibytes(r['memory_bytes'])} MiB")
+                          if pair.get(kernel) else "" for kernel in DECODE_KERNELS)]
+             for T, pair in pairs.items()]
+    return table(["cached positions", "state step", "KV cache step"], lines, "rrr")
+
+
+def shape(result):
+    config = result[NAME]
+    return f"batch {config['batch']}, {config['num_heads']} heads of {config['head_dim']}"
+
+
+def summary(result):
+    """The crossovers, in words, each from the run's own rows."""
+    prefill, decode = part_rows(result, "prefill"), part_rows(result, "decode")
+    return " ".join(part for part in (
+        crossover_sentence(prefill, "chunked", "sdpa", "token"),
+        crossover_sentence(prefill, "chunked", "recurrent", "token"),
+        chunk_sentence(result),
+        crossover_sentence(decode, "state_step", "kv_cache_step", "cached position")) if part)
+
+
+def plot_prefill(result):
+    """Each prefill kernel's median time against the prompt length (log-log)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.2), layout="constrained")
+    ax = fig.subplots()
+    by_kernel = nested(part_rows(result, "prefill"), "kernel", "seq_len")
+    for kernel, marker in zip(PREFILL_KERNELS, "os^D"):
+        points = sorted((T, row["ms_median"]) for T, row in by_kernel.get(kernel, {}).items() if core.usable(row))
+        if points:
+            ax.plot(*zip(*points), marker=marker, label=KERNEL_WORDS[kernel])
+    ax.set_xscale("log", base=2)
+    ax.set(yscale="log", xlabel="prompt length T (tokens)", ylabel="ms per prompt (median)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.suptitle(f"Gated delta rule and SDPA, {shape(result)}: {title_suffix(result)}", fontsize=10)
+    return fig
+
+
+def charts(result):
+    if not any(core.usable(row) for row in part_rows(result, "prefill")):
+        return {}
+    return {"prefill": (plot_prefill(result), f"Prompt time of the gated delta rule's recurrent, chunked and quadratic "
+                                              f"forms and of SDPA's causal attention against prompt length, "
+                                              f"{title_suffix(result)}")}
+
+
+CELLS = "each cell: median time, TFLOP/s and the share of the matmul timed beside the row"
+
+
+def tables(result):
+    return "\n\n".join(part for part in (
+        summary(result), across(part_rows(result, "prefill"), "seq_len", "T", "kernel"),
+        across(part_rows(result, "chunk"), "chunk_size", "chunk", "kernel"), decode_table(result)) if part)
+
+
+def page(result, images, path=None):
+    lead = (f"The gated delta rule's attention core (no projection), {shape(result)}, each row checked against the "
+            f"rule's float64 definition first" + (f", from {run_line(path, result)}" if path else "") + f"; {CELLS}.")
+    return "\n\n".join([lead, summary(result), *images.values(),
+                        collapsed("Every prompt length, each form and SDPA", across(part_rows(result, "prefill"),
+                                                                                    "seq_len", "T", "kernel")),
+                        collapsed("The chunk size", across(part_rows(result, "chunk"), "chunk_size", "chunk", "kernel")),
+                        collapsed("A decode step: the state against the KV cache", decode_table(result))])
+
+
+def linear_section(path, result):
+    """The Linear attention page's recorded run: where the chunked form overtakes SDPA and the state step the KV cache
+    step, in words, and every prompt length and context in collapsed tables."""
+    return "\n\n".join([f"From the recorded run {run_line(path, result)}: the attention core alone, {shape(result)}; "
+                        f"{CELLS}.", summary(result),
+                        collapsed("Every prompt length, each form and SDPA", across(part_rows(result, "prefill"),
+                                                                                    "seq_len", "T", "kernel")),
+                        collapsed("A decode step: the state against the KV cache", decode_table(result))])
