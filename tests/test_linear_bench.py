@@ -112,12 +112,12 @@ def test_the_sentences_say_where_each_kernel_wins_from_the_rows(result):
                     (("decode", "state_step", 90, None), 1.0), (("decode", "kv_cache_step", 90, None), 4.0)]:
         rows[key]["ms_median"] = ms
     summary = report.linear.summary(timed)
-    assert ("The chunked form is faster than SDPA's causal attention from 70 tokens on (24 to 70); at 70 it takes "
-            "3.00 ms against 6.00 ms (2.00x).") in summary
-    assert ("The state step is faster than the KV cache step at every cached position measured (40 to 90); at 90 it "
-            "takes 1.00 ms against 4.00 ms (4.00x).") in summary
+    assert ("The chunked form is faster than SDPA's causal attention from 70 tokens on (of 24 to 70 tokens); "
+            "at 70 it takes 3.00 ms against 6.00 ms (2.00x).") in summary
+    assert ("The state step is faster than the KV cache step at every length measured (of 40 to 90 cached "
+            "positions); at 90 it takes 1.00 ms against 4.00 ms (4.00x).") in summary
     rows["prefill", "chunked", 70, 16]["ms_median"] = 7.0
-    assert "at none of the tokens measured" in report.linear.summary(timed)
+    assert "faster than SDPA's causal attention at no length measured" in report.linear.summary(timed)
     assert report.linear.summary({"linear": {"rows": []}}) == ""
     page = report.linear.page(result, {})
     assert "Every prompt length, each form and SDPA" in page and "The chunk size" in page

@@ -45,11 +45,11 @@ def crossover_sentence(rows, fast, slow, unit):
         return ""
     last = pairs[both[-1]]
     ratio = last[slow]["ms_median"] / last[fast]["ms_median"]
-    where = ("at every " + unit + " measured" if found == both[0] else
-             f"from {found:,} {unit}s on" if found is not None else "at none of the " + unit + "s measured")
-    return (f"{KERNEL_WORDS[fast].capitalize()} is faster than {KERNEL_WORDS[slow]} {where} ({both[0]:,} to "
-            f"{both[-1]:,}); at {both[-1]:,} it takes {number(last[fast]['ms_median'])} ms against "
-            f"{number(last[slow]['ms_median'])} ms ({ratio:.2f}x).")
+    where = ("at every length measured" if found == both[0] else
+             f"from {found:,} {unit}s on" if found is not None else "at no length measured")
+    return (f"{KERNEL_WORDS[fast].capitalize()} is faster than {KERNEL_WORDS[slow]} {where} (of "
+            f"{both[0]:,} to {both[-1]:,} {unit}s); at {both[-1]:,} it takes {number(last[fast]['ms_median'])} ms "
+            f"against {number(last[slow]['ms_median'])} ms ({ratio:.2f}x).")
 
 
 def chunk_sentence(result):
