@@ -127,5 +127,6 @@ def page(result, images):
     return "\n\n".join([
         f"Block sparsity, forward, batch {section['batch']}, {section['num_heads']} heads of {section['head_dim']}: "
         "where FlexAttention with a `BlockMask` overtakes SDPA with the same mask as a dense boolean tensor, read from "
-        "the measurements.", crossover_table(result), causal_note(result), *images.values(),
+        "the measurements.", crossover_table(result), causal_note(result),
+        *(collapsed("Time against sequence length, per pattern (chart)", image) for image in images.values()),
         collapsed("Every length, both kernels", block_sparse_table(result))])

@@ -124,9 +124,10 @@ def tables(result):
 
 
 def page(result, images, path=None):
-    lead = (f"The gated delta rule's attention core (no projection), {shape(result)}, each row checked against the "
-            f"rule's float64 definition first" + (f", from {run_line(path, result)}" if path else "") + f"; {CELLS}.")
-    return "\n\n".join([lead, summary(result), *images.values(),
+    lead = (f"The attention core alone, {shape(result)}, each row checked against the rule's float64 definition first"
+            + (f", from {run_line(path, result)}" if path else "") + f"; {CELLS}.")
+    return "\n\n".join([lead, summary(result),
+                        *(collapsed("Time against prompt length (chart)", image) for image in images.values()),
                         collapsed("Every prompt length, each form and SDPA", across(part_rows(result, "prefill"),
                                                                                     "seq_len", "T", "kernel")),
                         collapsed("The chunk size", across(part_rows(result, "chunk"), "chunk_size", "chunk", "kernel")),

@@ -100,7 +100,8 @@ def tables(result):
 
 def page(result, images):
     return "\n\n".join([f"Multi-head latent attention, one layer's causal forward over a whole prompt (no cache), "
-                        f"{shape(result)} at DeepSeek-V3's widths; {CELLS}. {summary(result)}", *images.values(),
+                        f"{shape(result)} at DeepSeek-V3's widths; {CELLS}. {summary(result)}",
+                        *(collapsed("Time against prompt length (chart)", image) for image in images.values()),
                         collapsed("Every prompt length, both paths", prefill_table(result))])
 
 

@@ -4,7 +4,7 @@ section of the Benchmarks page (the sweep itself: `attention.bench.sweeps.ring`)
 
 from attention.bench import core
 from attention.bench.sweeps.ring import MODES, NAME
-from attention.report.format import (MODE_TITLES, mebibytes, nested, number, run_line, status_cell, table,
+from attention.report.format import (MODE_TITLES, collapsed, mebibytes, nested, number, run_line, status_cell, table,
                                        title_suffix)
 
 
@@ -129,5 +129,7 @@ def page(result, images, path=None):
             if path else
             f"Context-parallel (ring) attention on {sizes_text(result[NAME])} split over P local processes (gloo); each "
             "call checked against the float64 reference on the whole sequence, its time the slowest process's:")
-    return "\n\n".join(part for part in (lead, ring_table(result), *images.values(), memory + verdict if path else "",
+    charts = images.values() if path else [collapsed("Memory and time against P (chart)", image)  # the Benchmarks page
+                                           for image in images.values()]
+    return "\n\n".join(part for part in (lead, ring_table(result), *charts, memory + verdict if path else "",
                                          bytes_note(result), cores_note(result)) if part)
