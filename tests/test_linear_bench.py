@@ -122,3 +122,10 @@ def test_the_sentences_say_where_each_kernel_wins_from_the_rows(result):
     page = report.linear.page(result, {})
     assert "Every prompt length, each form and SDPA" in page and "The chunk size" in page
     assert set(report.linear.charts(result)) == {"prefill"}
+
+
+def test_the_pages_section_has_a_compact_table_and_the_decode_table(result):
+    section = report.linear.linear_section("docs/results/linear/x.json", result)
+    assert "| T (prompt) | recurrent ms | chunked ms | quadratic ms | sdpa ms |" in section
+    assert "| 70 | skipped |" in section and "| cached positions | state step | KV cache step |" in section
+    assert "???" not in section  # a notebook's markdown output has no collapsed blocks

@@ -134,11 +134,18 @@ def page(result, images, path=None):
                         collapsed("A decode step: the state against the KV cache", decode_table(result))])
 
 
+def times_table(result):
+    """The prompt's median time (ms) per length (a line each) and kernel (a column each): the page's compact table."""
+    pairs = nested(part_rows(result, "prefill"), "seq_len", "kernel")
+    kernels = [kernel for kernel in PREFILL_KERNELS if any(kernel in pair for pair in pairs.values())]
+    lines = [[f"{T:,}", *(status_cell(pair.get(kernel), lambda r: number(r["ms_median"])) for kernel in kernels)]
+             for T, pair in pairs.items()]
+    return table(["T (prompt)", *(f"{kernel} ms" for kernel in kernels)], lines, "r" * (len(kernels) + 1))
+
+
 def linear_section(path, result):
     """The Linear attention page's recorded run: where the chunked form overtakes SDPA and the state step the KV cache
-    step, in words, and every prompt length and context in collapsed tables."""
-    return "\n\n".join([f"From the recorded run {run_line(path, result)}: the attention core alone, {shape(result)}; "
-                        f"{CELLS}.", summary(result),
-                        collapsed("Every prompt length, each form and SDPA", across(part_rows(result, "prefill"),
-                                                                                    "seq_len", "T", "kernel")),
-                        collapsed("A decode step: the state against the KV cache", decode_table(result))])
+    step, in words, then each prompt's time per form and a decode step's per context."""
+    return "\n\n".join([f"From the recorded run {run_line(path, result)}: the attention core alone, {shape(result)}, "
+                        "each row checked against the rule's float64 definition first.", summary(result),
+                        times_table(result), decode_table(result)])
