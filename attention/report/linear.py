@@ -146,6 +146,9 @@ def times_table(result):
 def linear_section(path, result):
     """The Linear attention page's recorded run: where the chunked form overtakes SDPA and the state step the KV cache
     step, in words, then each prompt's time per form and a decode step's per context."""
+    config = result[NAME]
     return "\n\n".join([f"From the recorded run {run_line(path, result)}: the attention core alone, {shape(result)}, "
-                        "each row checked against the rule's float64 definition first.", summary(result),
+                        "each row checked against the rule's float64 definition first; the recurrent and quadratic "
+                        f"forms timed to {config['recurrent_max_len']:,} and {config['quadratic_max_len']:,} tokens.",
+                        summary(result),
                         times_table(result), decode_table(result)])
