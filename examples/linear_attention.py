@@ -124,6 +124,59 @@ show_table("Largest difference from the recurrent form (outputs and final state)
            ["rule", "chunked", "quadratic"], rows)
 
 # %% [markdown]
+# ## In float32 and bfloat16
+#
+# In float32 the forms round differently: the recurrence adds one write per position, the chunked
+# form sums a chunk's writes in a few products. The layers feed the rules bfloat16 activations but
+# run them in float32 (the state too), so the bfloat16 line rounds only the inputs. Each rule's
+# largest difference from its float64 recurrent form, over its largest output (512 positions, two
+# heads of 64):
+
+# %%
+torch.manual_seed(2)
+B, H, T, Dk, Dv = 1, 2, 512, 64, 64
+q, k = (torch.nn.functional.normalize(torch.randn(B, H, T, Dk, dtype=torch.float64), dim=-1) for _ in range(2))
+v = torch.randn(B, H, T, Dv, dtype=torch.float64)
+g_channel = torch.nn.functional.logsigmoid(torch.randn(B, H, T, Dk, dtype=torch.float64) + 4)  # decays near 0.98
+g_head, beta = g_channel[..., 0], torch.rand(B, H, T, dtype=torch.float64)
+inputs = {"retention": (q, k, v), "ssd": (q, k, v, g_head), "gated_linear_attention": (q, k, v, g_channel),
+          "delta_rule": (q, k, v, beta), "gated_delta_rule": (q, k, v, g_head, beta),
+          "kimi_delta_rule": (q, k, v, g_channel, beta)}
+functions = {"retention": lambda *t, **kw: retention(*t, retnet_log_decays(H).to(t[0].dtype), **kw), "ssd": ssd,
+             "gated_linear_attention": gated_linear_attention, "delta_rule": delta_rule,
+             "gated_delta_rule": gated_delta_rule, "kimi_delta_rule": kimi_delta_rule}
+rows = []
+for name, tensors in inputs.items():
+    exact = functions[name](*tensors, form="recurrent")[0]
+    bfloat16_inputs = [t.to(torch.bfloat16).float() for t in tensors]  # rounded to bfloat16, run in float32
+    outs = [functions[name](*[t.float() for t in tensors], form=form)[0] for form in ("recurrent", "chunked")]
+    outs.append(functions[name](*bfloat16_inputs, form="chunked")[0])
+    rows.append([f"`{name}`", *(f"{(out.double() - exact).abs().max() / exact.abs().max():.1e}" for out in outs)])
+show_table("Largest difference from the float64 recurrent form, over the largest output",
+           ["rule", "float32 recurrent", "float32 chunked", "bfloat16 inputs, chunked"], rows)
+
+# %% [markdown]
+# A decoder runs the recurrence token by token after a chunked prompt, so the two float32 forms
+# must not drift apart over a long sequence. The gated delta rule and KDA in float32, step by step
+# against chunked over 32,768 positions, the largest difference so far at each power of two:
+
+# %%
+T = 32768
+q, k = (torch.nn.functional.normalize(torch.randn(1, 2, T, 64), dim=-1) for _ in range(2))
+v, beta = torch.randn(1, 2, T, 64), torch.rand(1, 2, T)
+g_channel = torch.nn.functional.logsigmoid(torch.randn(1, 2, T, 64) + 4)
+drift = {}
+for name, rule, g in (("gated_delta_rule", gated_delta_rule, g_channel[..., 0]), ("kimi_delta_rule", kimi_delta_rule,
+                                                                                   g_channel)):
+    difference = (rule(q, k, v, g, beta, form="recurrent")[0] - rule(q, k, v, g, beta, form="chunked")[0]).abs()
+    so_far = difference.amax(dim=(0, 1, 3)).cummax(dim=0).values  # (T,): the largest up to each position
+    drift[name] = [so_far[n - 1].item() for n in (1024, 4096, 16384, 32768)]
+show_table("float32, token by token against chunked: largest difference up to each position",
+           ["rule", "1,024", "4,096", "16,384", "32,768"],
+           [[f"`{name}`", *(f"{value:.1e}" for value in values)] for name, values in drift.items()])
+assert max(max(values) for values in drift.values()) < 1e-4  # "must not drift apart": bounded, not growing with T
+
+# %% [markdown]
 # ## The quadratic form's decay mask
 #
 # Unrolled, a rule with a decay per head and position is masked attention whose mask is not 0 or 1
