@@ -11,6 +11,7 @@ ours to float32's precision; our own forms and our decoding agree with each othe
 """
 
 import functools
+import types
 
 import pytest
 import torch
@@ -378,3 +379,117 @@ def test_minimax_bad_input_is_refused_with_the_argument_named():
     config = {key: value for key, value in MINIMAX.items() if key != "layer_types"}
     assert [MODELS["minimax"].from_config(config, i).layer_type for i in range(4)] == ["full_attention",
                                                                                      "linear_attention"] * 2
+
+
+# Each hybrid's own marked copies of llama.py's helpers (tests/test_copies.py keeps their text identical; here each
+# copy's branches run in its own file, as tests/test_model_paths.py runs every other family's).
+
+HYBRID_MODULES = ["qwen3_next", "kimi_linear", "minimax"]
+
+
+def helpers(name):
+    import importlib
+    return importlib.import_module(f"attention.models.{name}")
+
+
+@pytest.mark.parametrize("name", HYBRID_MODULES)
+def test_each_hybrids_copied_checks_refuse_bad_values_naming_them(name):
+    module = helpers(name)
+    with pytest.raises(ValueError, match="config lacks the field 'hidden_size'"):
+        module.config_value({"model_type": name}, "hidden_size")
+    assert module.config_value(types.SimpleNamespace(hidden_size=8), "hidden_size") == 8
+    with pytest.raises(TypeError, match="x must be an int"):
+        module.check_int("x", True)
+    with pytest.raises(ValueError, match="x must be non-negative"):
+        module.check_int("x", -1, minimum=0)
+    with pytest.raises(ValueError, match="x must be at least 3"):
+        module.check_int("x", 2, minimum=3)
+    with pytest.raises(TypeError, match="x must be a number"):
+        module.check_finite("x", "1")
+    with pytest.raises(ValueError, match="x must be finite and > 0"):
+        module.check_finite("x", float("inf"))
+    with pytest.raises(TypeError, match="layer_types must be a list"):
+        module.listed_layer_types({"layer_types": "full_attention"}, module.LAYER_TYPES)
+    with pytest.raises(ValueError, match="one kind per layer"):
+        module.listed_layer_types({"layer_types": ["full_attention"], "num_hidden_layers": 2}, module.LAYER_TYPES)
+    with pytest.raises(ValueError, match="this class builds the layers of model_type"):
+        module.check_model_type({"model_type": "llama"}, (name,))
+    with pytest.raises(ValueError, match="layer_idx must be an int in"):
+        module.check_layer_idx({"num_hidden_layers": 2}, 2)
+    with pytest.raises(ValueError, match="attention_dropout must be 0.0"):
+        module.check_no_dropout({"attention_dropout": 0.1})
+    layer = layer_of(1, "kimi_linear" if name.startswith("kimi") else name)
+    with pytest.raises(ValueError, match="missing keys"):
+        module.check_state_dict(layer, {}, True)
+    key, tensor = next(iter(layer.state_dict().items()))
+    with pytest.raises(ValueError, match=f"{key} has shape"):
+        module.check_state_dict(layer, {key: torch.zeros(*tensor.shape, 2)}, False)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        module.check_input([1.0], 32, torch.float64)
+    with pytest.raises(TypeError, match="floating-point"):
+        module.check_input(torch.zeros(1, 2, 32, dtype=torch.long), 32, torch.float64)
+    with pytest.raises(ValueError, match="x must have shape"):
+        module.check_input(torch.zeros(1, 0, 32), 32, torch.float32)
+    with pytest.raises(ValueError, match="differs from the layer's dtype"):
+        module.check_input(torch.zeros(1, 2, 32), 32, torch.float64)
+
+
+@pytest.mark.parametrize("name", ["qwen3_next", "minimax"])
+def test_each_hybrids_softmax_layer_reads_every_rope_spelling_and_refuses_bad_ones(name):
+    """The softmax layers' RoPE: transformers 4's `rope_theta` and `rope_scaling` (with its old `type` key), per layer
+    type parameters, and each scaling (linear, Llama 3, YaRN) give the frequencies the checked helper computes; bad
+    parameters, heads or caches are refused naming them."""
+    from tests.test_models import LINEAR, LLAMA3, YARN
+    module, config = helpers(name), CASES[name]
+    extra = {"partial_rotary_factor": 0.5} if name == "qwen3_next" else {}
+    base = {key: value for key, value in config.items() if key != "rope_parameters"}
+    old = MODELS[name].from_config(base | {"rope_theta": 1e4, "rope_scaling": {"type": "linear", "factor": 2.0}} | extra, 1)
+    assert old.rope_parameters["rope_type"] == "linear"
+    per_type = MODELS[name].from_config(config | {"rope_parameters": {"full_attention": {"rope_theta": 1e4, **extra}}}, 1)
+    assert per_type.rope_parameters["rope_theta"] == 1e4
+    for scaling in (LINEAR, LLAMA3, YARN, YARN | {"mscale": 1.0, "mscale_all_dim": 0.5, "truncate": False},
+                    YARN | {"attention_factor": 1.5}):
+        layer = MODELS[name].from_config(config | {"rope_parameters": {"rope_theta": 1e4, **scaling, **extra}}, 1)
+        assert torch.isfinite(layer.inv_freq).all() and layer.attention_scaling > 0
+    with pytest.raises(ValueError, match="rope_type must be one of"):
+        module.check_rope_parameters(8, {"rope_type": "dynamic", "rope_theta": 1e4})
+    with pytest.raises(ValueError, match="config lacks the field 'factor'"):
+        module.check_rope_parameters(8, {"rope_type": "linear", "rope_theta": 1e4})
+    with pytest.raises(ValueError, match="high_freq_factor must be at least low_freq_factor"):
+        module.check_rope_parameters(8, LLAMA3 | {"rope_theta": 1e4, "low_freq_factor": 4.0, "high_freq_factor": 1.0})
+    with pytest.raises(ValueError, match="beta_fast must be finite"):
+        module.check_rope_parameters(8, YARN | {"rope_theta": 1e4, "beta_fast": float("inf")})
+    with pytest.raises(ValueError, match="attention_factor must be finite"):
+        module.check_rope_parameters(8, YARN | {"rope_theta": 1e4, "attention_factor": 0})
+    with pytest.raises(ValueError, match="head_dim must be even"):
+        module.check_rope_parameters(7, {"rope_type": "default", "rope_theta": 1e4})
+    with pytest.raises(TypeError, match="rope_scaling must be a dict"):
+        module.mapping("rope_scaling", 2.0)
+    with pytest.raises(ValueError, match="num_key_value_heads must divide num_attention_heads"):
+        MODELS[name].from_config(config | {"num_key_value_heads": 3}, 1)
+    window = types.SimpleNamespace(sliding_window=4, num_key_value_heads=2, head_dim=8, layer_idx=1,
+                                   k_proj=torch.nn.Linear(1, 1))
+    assert type(module.make_cache(window, 2, 10)).__name__ == "SlidingWindowKVCache"
+    layer, x = layer_of(1, name), random_input()
+    with torch.no_grad():
+        with pytest.raises(TypeError, match="cache must come from the layer's new_cache"):
+            layer(x, cache=object())
+        with pytest.raises(ValueError, match="cache was made by"):
+            layer(x, cache=layer_of(3, name).new_cache(B, T))
+        with pytest.raises(ValueError, match="x has batch size 2"):
+            layer(x, cache=layer.new_cache(3, T))
+        with pytest.raises(ValueError, match="cache is torch.float32"):
+            layer(x, cache=_float_cache(layer))
+    with pytest.raises(ValueError, match="a KV cache is for inference"):
+        layer.requires_grad_(True)(x, cache=layer.new_cache(B, T))
+    wrong = layer.new_cache(B, T)
+    wrong.keys = wrong.keys[:, :1]
+    with torch.no_grad(), pytest.raises(ValueError, match="cache holds 1 K/V heads"):
+        layer(x, cache=wrong)
+
+
+def _float_cache(layer):
+    """A cache this layer made, in float32 (the layer is float64)."""
+    cache = layer.new_cache(B, T)
+    cache.keys, cache.values = cache.keys.float(), cache.values.float()
+    return cache
