@@ -29,11 +29,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from attention.decoding import LatentCache, RecurrentStateCache
+from attention.linear.checks import FORMS  # how a linear layer may run its rule
 from attention.linear.kimi_delta import kimi_delta_rule
 
 REQUIRED = object()  # `config_value`'s default: the field must be present
 LAYER_TYPES = ("linear_attention", "full_attention")  # the kinds of layer `layer_types` may list
-FORMS = ("recurrent", "chunked", "quadratic")  # attention.linear.checks.FORMS: how a linear layer runs the rule
 
 
 class KimiLinearAttention(nn.Module):

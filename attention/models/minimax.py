@@ -26,11 +26,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from attention.decoding import KVCache, RecurrentStateCache, SlidingWindowKVCache, cached_attention, check_decode_kernel
+from attention.linear.checks import FORMS  # how a linear layer may run its rule
 from attention.linear.retnet import retention
 
 REQUIRED = object()  # `config_value`'s default: the field must be present
 LAYER_TYPES = ("linear_attention", "full_attention")  # the kinds of layer `layer_types` may list
-FORMS = ("recurrent", "chunked", "quadratic")  # attention.linear.checks.FORMS: how a linear layer runs the rule
 DERIVED_BUFFERS = ("slope_rate", "query_decay", "key_decay", "diagonal_decay")  # transformers' buffers, from the config
 
 
@@ -223,21 +223,27 @@ def minimax_layer_type(config, layer_idx):
     return "full_attention" if (layer_idx + 1) % 2 else "linear_attention"
 
 
+# Same as attention/models/kimi_linear.py::check_state_cache
 def check_state_cache(module, cache, x):
-    """Raise a clear error unless `cache` was made by this lightning layer (`new_cache`) for `x`'s batch, dtype and
-    device, and gradients are off (a cache is for inference)."""
+    """Raise a clear error unless `cache` was made by this linear layer (`new_cache`) for `x`'s batch, dtype and device,
+    and gradients are off (a cache is for inference)."""
     if not isinstance(cache, RecurrentStateCache):
         raise TypeError(f"cache must come from the layer's new_cache(), got {type(cache).__name__}")
+    check_made_by(module, cache, x, cache.conv_state)
+
+
+# Same as attention/models/kimi_linear.py::check_made_by
+def check_made_by(module, cache, x, tensor):
+    """The checks both caches share: the layer that made `cache`, its batch, dtype and device (`tensor`'s), no grad."""
     layer = (type(module).__name__, module.layer_idx)
     if cache.layer != layer:
         raise ValueError(f"cache was made by {cache.layer[0] if cache.layer else None} layer "
                          f"{cache.layer[1] if cache.layer else None}, not by this layer ({layer[0]} layer {layer[1]}, "
                          f"{module.layer_type})")
-    made_for = cache.conv_state  # empty, in the layer's dtype
-    if x.shape[0] != made_for.shape[0]:
-        raise ValueError(f"x has batch size {x.shape[0]}, the cache was made for batch_size={made_for.shape[0]}")
-    if made_for.dtype != x.dtype or made_for.device != x.device:
-        raise ValueError(f"cache is {made_for.dtype} on {made_for.device}, x is {x.dtype} on {x.device}")
+    if x.shape[0] != tensor.shape[0]:
+        raise ValueError(f"x has batch size {x.shape[0]}, the cache was made for batch_size={tensor.shape[0]}")
+    if tensor.dtype != x.dtype or tensor.device != x.device:
+        raise ValueError(f"cache is {tensor.dtype} on {tensor.device}, x is {x.dtype} on {x.device}")
     if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in module.parameters())):
         raise ValueError("a cache is for inference: call the layer under torch.no_grad() or torch.inference_mode()")
 

@@ -33,11 +33,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from attention.decoding import KVCache, RecurrentStateCache, SlidingWindowKVCache, cached_attention, check_decode_kernel
+from attention.linear.checks import FORMS  # how a linear layer may run its rule
 from attention.linear.gated_delta import gated_delta_rule
 
 REQUIRED = object()  # `config_value`'s default: the field must be present
 LAYER_TYPES = ("linear_attention", "full_attention")  # the kinds of layer `layer_types` may list
-FORMS = ("recurrent", "chunked", "quadratic")  # attention.linear.checks.FORMS: how a linear layer runs the rule
 
 
 class Qwen3NextAttention(nn.Module):
@@ -318,19 +318,27 @@ def qwen3_next_layer_type(config, layer_idx):
     return "full_attention" if (layer_idx + 1) % interval == 0 else "linear_attention"
 
 
+# Same as attention/models/kimi_linear.py::check_state_cache
 def check_state_cache(module, cache, x):
     """Raise a clear error unless `cache` was made by this linear layer (`new_cache`) for `x`'s batch, dtype and device,
     and gradients are off (a cache is for inference)."""
     if not isinstance(cache, RecurrentStateCache):
         raise TypeError(f"cache must come from the layer's new_cache(), got {type(cache).__name__}")
+    check_made_by(module, cache, x, cache.conv_state)
+
+
+# Same as attention/models/kimi_linear.py::check_made_by
+def check_made_by(module, cache, x, tensor):
+    """The checks both caches share: the layer that made `cache`, its batch, dtype and device (`tensor`'s), no grad."""
     layer = (type(module).__name__, module.layer_idx)
     if cache.layer != layer:
-        raise ValueError(f"cache was made by {cache.layer[0]} layer {cache.layer[1]}, not by this layer "
-                         f"({layer[0]} layer {layer[1]}, {module.layer_type})")
-    if x.shape[0] != cache.conv_state.shape[0]:
-        raise ValueError(f"x has batch size {x.shape[0]}, the cache was made for batch_size={cache.conv_state.shape[0]}")
-    if cache.conv_state.dtype != x.dtype or cache.conv_state.device != x.device:
-        raise ValueError(f"cache is {cache.conv_state.dtype} on {cache.conv_state.device}, x is {x.dtype} on {x.device}")
+        raise ValueError(f"cache was made by {cache.layer[0] if cache.layer else None} layer "
+                         f"{cache.layer[1] if cache.layer else None}, not by this layer ({layer[0]} layer {layer[1]}, "
+                         f"{module.layer_type})")
+    if x.shape[0] != tensor.shape[0]:
+        raise ValueError(f"x has batch size {x.shape[0]}, the cache was made for batch_size={tensor.shape[0]}")
+    if tensor.dtype != x.dtype or tensor.device != x.device:
+        raise ValueError(f"cache is {tensor.dtype} on {tensor.device}, x is {x.dtype} on {x.device}")
     if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in module.parameters())):
         raise ValueError("a cache is for inference: call the layer under torch.no_grad() or torch.inference_mode()")
 
