@@ -198,21 +198,6 @@ show(plot_attention_weights(torch.stack(masks), ncols=2, title="Decay masks of t
                             value_label="decay from key j to query i"))
 
 # %% [markdown]
-# ## A state against a KV cache
-#
-# A state's size does not depend on the context; a KV cache's grows with it. One layer of 32 query
-# heads of 128 in bfloat16, as a gated DeltaNet layer (a `128 x 128` state per head) and as a GQA
-# softmax layer with 8 key/value heads:
-
-# %%
-heads, head_dim, kv_heads, bytes_per_value = 32, 128, 8, 2
-state_bytes = heads * head_dim * head_dim * bytes_per_value  # (H, Dk, Dv), whatever the context
-kv_bytes_per_token = 2 * kv_heads * head_dim * bytes_per_value  # a key and a value per K/V head
-crossover = state_bytes // kv_bytes_per_token
-print(f"state: {state_bytes / 2**20:.0f} MiB per sequence at any context; KV cache: {kv_bytes_per_token / 2**10:.0f} KiB "
-      f"per token, as large as the state from {crossover:,} tokens, {131072 // crossover}x the state at 131,072 tokens")
-
-# %% [markdown]
 # ## The hybrid models' layers
 #
 # `attention/models/` holds the layers of three hybrids, each equal to transformers' own
@@ -240,6 +225,140 @@ with torch.no_grad():
     steps = torch.cat([layers[0](x[:, t:t + 1], cache=cache) for t in range(40)], dim=1)  # one token at a time
 print(f"state cache: {cache.nbytes:,} bytes after {cache.length} tokens; largest difference from the whole prompt: "
       f"{(steps - whole).abs().max():.1e}")
+
+# %% [markdown]
+# Each kind of layer of three tiny transformers models (random weights, float64), fed what the model
+# feeds it, against ours with the same weights loaded unchanged (`tests/test_hybrids.py` checks every
+# layer, and decoding, the same way):
+
+# %%
+import warnings
+
+warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm's, on importing transformers in a notebook
+import transformers
+
+transformers.logging.set_verbosity_error()  # not its notes that the fast kernels (fla, causal_conv1d) are missing
+common = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6, hidden_act="silu", num_experts_per_tok=2,
+              layer_types=["linear_attention", "full_attention"] * 2)
+tiny_models = {
+    "qwen3_next": common | dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                                linear_value_head_dim=6, linear_conv_kernel_dim=4, num_experts=4,
+                                moe_intermediate_size=16, shared_expert_intermediate_size=16,
+                                rope_parameters={"rope_theta": 1e4, "partial_rotary_factor": 0.5}),
+    "kimi_linear": common | dict(num_key_value_heads=4, kv_lora_rank=8, q_lora_rank=None, qk_rope_head_dim=4,
+                                 qk_nope_head_dim=6, v_head_dim=6, linear_num_heads=4, linear_head_dim=6,
+                                 num_local_experts=4, moe_intermediate_size=16, pad_token_id=0,
+                                 mlp_layer_types=["dense", "sparse"] * 2),
+    "minimax": common | dict(block_size=4, num_local_experts=4, rope_parameters={"rope_theta": 1e4}),
+}
+differences = []  # (model, our class, largest |ours - theirs|, largest |theirs|)
+for model_type, config in tiny_models.items():
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(model_type, **config),
+                                                          dtype=torch.float64, experts_implementation="eager")
+    for param in model.parameters():
+        torch.nn.init.normal_(param, std=0.5)
+    seen = {}  # layer index -> (what the model fed its attention, what that attention returned)
+    for i, decoder_layer in enumerate(model.model.layers):
+        def keep(module, args, kwargs, out, i=i):
+            seen[i] = (kwargs.get("hidden_states", args[0] if args else None), out[0] if isinstance(out, tuple) else out)
+        (getattr(decoder_layer, "linear_attn", None) or decoder_layer.self_attn).register_forward_hook(keep, with_kwargs=True)
+    with torch.no_grad():
+        model(torch.randint(0, 64, (2, 11)))
+    for i in range(2):  # a linear layer, then a softmax one
+        theirs = getattr(model.model.layers[i], "linear_attn", None) or model.model.layers[i].self_attn
+        ours = MODELS[model_type].from_config(config, i).double()
+        ours.load_state_dict(theirs.state_dict())
+        x, expected = seen[i]
+        with torch.no_grad():
+            differences.append((model_type, type(ours).__name__, (ours(x) - expected).abs().max().item(),
+                                expected.abs().max().item()))
+
+# %% tags=["hide-input"]
+show_table("Our layers against transformers' in a tiny float64 model, 2 sequences of 11 tokens",
+           ["model", "our layer", "largest |difference|", "largest |output|"],
+           [(name, f"`{layer}`", f"{difference:.1e}", f"{size:.1f}") for name, layer, difference, size in differences])
+largest = max(row[2] for row in differences)
+assert largest < 1e-5, largest  # float32's precision, below
+show_markdown(f"The largest difference, {largest:.0e}, is float32's precision, not float64's: transformers runs the "
+              "rules, the L2 norms and the RMSNorms in float32 whatever the model's dtype, where ours keep float64 "
+              "(tests/test_hybrids.py holds every layer within 1e-5 of transformers', and our forms and decoding "
+              "within 1e-12 of each other).")
+
+# %% [markdown]
+# ## Three published hybrids: their schedules and their caches
+#
+# A linear layer's state has one size at every context, while a softmax layer's cache grows with it:
+# [Qwen3-Next 80B-A3B](https://huggingface.co/Qwen/Qwen3-Next-80B-A3B-Instruct/blob/main/config.json),
+# [Kimi Linear 48B-A3B](https://huggingface.co/moonshotai/Kimi-Linear-48B-A3B-Instruct/blob/main/config.json) and
+# [MiniMax-M1](https://huggingface.co/MiniMaxAI/MiniMax-M1-80k/blob/main/config.json), each layer built on the
+# `meta` device from its published configuration (`attention.models.published.PUBLISHED_HYBRIDS`), and
+# each cache counted by `layer_cache_bytes` ([API](../../api/models/#attention.models.published.layer_cache_bytes),
+# checked against the caches the layers allocate): a state of `H x Dk x Dv` numbers in float32 (and a
+# short convolution's last inputs), a softmax layer's keys and values (Kimi's latent) per position, in
+# bfloat16, for one sequence. Against each, the same model with every layer its softmax kind:
+
+# %%
+from attention.models.published import PUBLISHED_HYBRIDS, layer_cache_bytes, published_layers
+
+GiB = 2**30
+contexts = [2**k for k in range(12, 21)]  # 4,096 .. 1,048,576 positions
+hybrids, rows = {}, []
+for name in PUBLISHED_HYBRIDS:
+    layers = published_layers(name)
+    linear = [layer for layer in layers if layer.layer_type == "linear_attention"]
+    softmax = [layer for layer in layers if layer.layer_type != "linear_attention"]
+    state = layer_cache_bytes(linear[0], 1, torch.bfloat16)  # one linear layer, at any context
+    per_position = layer_cache_bytes(softmax[0], 1, torch.bfloat16)  # one softmax layer, per position
+    hybrid = [sum(layer_cache_bytes(layer, n, torch.bfloat16) for layer in layers) for n in contexts]
+    all_softmax = [len(layers) * per_position * n for n in contexts]
+    smaller_from = state // per_position + 1  # the first context where a linear layer holds less than a softmax one
+    assert (len(layers) * per_position * smaller_from > sum(layer_cache_bytes(layer, smaller_from, torch.bfloat16)
+                                                            for layer in layers))
+    hybrids[name] = dict(layers=layers, hybrid=hybrid, all_softmax=all_softmax, smaller_from=smaller_from)
+    rows.append((name, f"{len(linear)} + {len(softmax)}", f"{state / 2**20:.2f} MiB", f"{per_position / 1024:.2f} KiB",
+                 *(f"{hybrid[contexts.index(n)] / GiB:.2f}" for n in (4096, 131072, 2**20)),
+                 f"{all_softmax[-1] / GiB:.0f}", f"{smaller_from:,}"))
+
+# %% tags=["hide-input"]
+show_table("Whole-model cache of one sequence (GiB; states in float32, K/V in bfloat16)",
+           ["model", "layers: linear + softmax", "a linear layer's state", "a softmax layer, per position",
+            "4k", "128k", "1M", "1M, all softmax", "hybrid smaller from (positions)"], rows)
+
+# %% tags=["hide-input"]
+from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure
+
+depth = max(len(entry["layers"]) for entry in hybrids.values())
+fig = Figure(figsize=(10, 2.4), layout="constrained")
+ax = fig.subplots()
+grid = torch.full((len(hybrids), depth), float("nan"))
+for row_index, entry in enumerate(hybrids.values()):
+    grid[row_index, :len(entry["layers"])] = torch.tensor([float(layer.layer_type != "linear_attention")
+                                                           for layer in entry["layers"]])
+ax.imshow(grid, cmap=ListedColormap(["#9ecae1", "#08306b"]), aspect="auto", interpolation="nearest", vmin=0, vmax=1)
+ax.set_yticks(range(len(hybrids)), list(hybrids))
+ax.set_xticks(range(0, depth, 8))
+ax.set(title="Linear (light) and softmax (dark) layers, across the depth", xlabel="layer index")
+show(fig)
+
+fig = Figure(figsize=(8, 4.2), layout="constrained")
+ax = fig.subplots()
+for (name, entry), color in zip(hybrids.items(), ["#1b9e77", "#d95f02", "#7570b3"]):
+    ax.plot(contexts, [b / GiB for b in entry["hybrid"]], color=color, marker="o", label=name)
+    ax.plot(contexts, [b / GiB for b in entry["all_softmax"]], color=color, linestyle="--")
+ax.set(xscale="log", yscale="log", xlabel="context (positions)", ylabel="cache of one sequence (GiB)",
+       title="The whole model's cache: hybrid (solid) and all softmax (dashed)")
+ax.set_xticks(contexts[::2], [f"{n // 1024:,}k" for n in contexts[::2]])
+ax.legend(loc="lower right")
+show(fig)
+ratios = {name: entry["all_softmax"][-1] / entry["hybrid"][-1] for name, entry in hybrids.items()}
+show_markdown("At 1M positions each hybrid's cache is smaller than the same model's with every layer softmax: "
+              + ", ".join(f"{ratio:.1f}x ({name})" for name, ratio in ratios.items())
+              + ". A state costs more than the cache it replaces only below "
+              + ", ".join(f"{entry['smaller_from']:,} positions ({name})" for name, entry in hybrids.items())
+              + ": from there on the hybrid holds less at every context.")
 
 # %% [markdown]
 # ## Measured: the rule against softmax attention on a CPU

@@ -299,19 +299,20 @@ show(fig)
 # ## The KV cache at the published sizes
 #
 # A global layer caches `2 * H_kv * D` numbers per token (keys and values); a local layer never more than
-# its window's worth. In bfloat16, batch 1, each count checked against a cache allocated for one layer of
-# each kind:
+# its window's worth. `attention.models.published.layer_cache_bytes` counts one layer's cache
+# ([API](../../api/models/#attention.models.published.layer_cache_bytes)); in bfloat16, batch 1, each count
+# checked against a cache allocated for one layer of each kind:
 
 # %%
 from attention.decoding import KVCache, SlidingWindowKVCache
+from attention.models.published import layer_cache_bytes
 
 BYTES = 2  # bfloat16
 
 
 def kv_cache_bytes(layers, context):
     """Bytes of the KV cache of every layer at `context` positions, a local layer holding at most its window."""
-    return sum(2 * layer.num_key_value_heads * layer.head_dim * BYTES * min(context, span(layer) or context)
-               for layer in layers)
+    return sum(layer_cache_bytes(layer, context, torch.bfloat16) for layer in layers)
 
 
 rows = []

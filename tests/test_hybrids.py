@@ -309,6 +309,14 @@ def test_kimi_layer_types_follow_the_checkpoint_where_not_listed():
     nested["linear_attn_config"] |= {"num_heads": 4, "head_dim": 6}
     assert isinstance(KimiLinearAttention.from_config(nested, 0), KimiDeltaAttention)
     assert KimiLinearAttention.from_config(nested, 0).head_dim == 6
+    # The checkpoint's own convolution width, and its nested sizes read before the fields, as transformers reads them.
+    both = nested | {"linear_num_heads": 2, "linear_conv_kernel_dim": 4}
+    both["linear_attn_config"] = both["linear_attn_config"] | {"short_conv_kernel_size": 3}
+    layer = KimiLinearAttention.from_config(both, 0)
+    assert (layer.num_heads, layer.head_dim, layer.conv_kernel_size, layer.conv1d.weight.shape[-1]) == (4, 6, 3, 3)
+    transformers = pytest.importorskip("transformers")
+    hf_config = transformers.AutoConfig.for_model(**{key: value for key, value in both.items() if key != "mlp_layer_types"})
+    assert (hf_config.linear_num_heads, hf_config.linear_head_dim, hf_config.linear_conv_kernel_dim) == (4, 6, 3)
 
 
 def test_kimi_bad_input_is_refused_with_the_argument_named():

@@ -129,3 +129,12 @@ def test_the_pages_section_has_a_compact_table_and_the_decode_table(result):
     assert "| T (prompt) | recurrent ms | chunked ms | quadratic ms | sdpa ms |" in section
     assert "| 70 | skipped |" in section and "| cached positions | state step | KV cache step |" in section
     assert "???" not in section  # a notebook's markdown output has no collapsed blocks
+    limits = result["linear"]
+    equal = copy.deepcopy(result)
+    equal["linear"]["quadratic_max_len"] = limits["recurrent_max_len"]
+    assert (f"the recurrent and quadratic forms timed to {limits['recurrent_max_len']:,} tokens."
+            in report.linear.linear_section("x.json", equal))
+    unequal = copy.deepcopy(result)
+    unequal["linear"]["quadratic_max_len"] = limits["recurrent_max_len"] + 1
+    assert (f"forms timed to {limits['recurrent_max_len']:,} and {limits['recurrent_max_len'] + 1:,} tokens."
+            in report.linear.linear_section("x.json", unequal))

@@ -749,3 +749,51 @@ def test_on_cuda_the_layer_its_cache_and_flex_equal_the_reference(name, layer_id
         steps = torch.cat([module(x[:, :5], cache=cache)] + [module(x[:, t:t + 1], cache=cache) for t in range(5, T)], 1)
         for out in (module(x), steps, flex_forward(module, x)):
             torch.testing.assert_close(out.double().cpu(), expected, **tolerance("cuda", torch.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_kv_cache_bytes_equals_the_caches_each_layer_allocates(dtype):
+    """`kv_cache_bytes` of every published model (the hybrids too) equals the bytes of the caches its layers allocate
+    (on the meta device) for 3 sequences, at contexts below, at and past each window and at 1M positions."""
+    from attention.models.published import PUBLISHED, PUBLISHED_HYBRIDS, kv_cache_bytes, layer_cache_bytes, published_layers
+
+    for name in [*PUBLISHED, *PUBLISHED_HYBRIDS]:
+        layers = [layer.to(dtype) for layer in published_layers(name)]
+        for context in (1, 128, 129, 4096, 8193, 2**20):
+            allocated = 0
+            for layer in layers:
+                with torch.device("meta"):
+                    cache = layer.new_cache(3, context)
+                assert cache.nbytes == 3 * layer_cache_bytes(layer, context, dtype), (name, layer.layer_idx, context)
+                allocated += cache.nbytes
+            if context in (129, 2**20):  # the whole model's count (each call builds the layers again)
+                assert kv_cache_bytes(name, context, batch_size=3, dtype=dtype) == allocated, (name, context)
+
+
+def test_kv_cache_bytes_of_a_hybrid_counts_its_states_once_whatever_the_context():
+    """A hybrid's linear layers hold the same bytes at every context (counted by hand here for Qwen3-Next: 36 gated
+    DeltaNet states of 32 heads of 128 x 128 in float32 and 4 - 1 inputs of 8,192 channels, 12 softmax layers of 2 K/V
+    heads of 256)."""
+    from attention.models.published import kv_cache_bytes
+
+    states = 36 * (32 * 128 * 128 * 4 + (2 * 16 * 128 + 32 * 128) * 3 * 2)
+    for context in (1, 4096, 2**20):
+        assert kv_cache_bytes("Qwen3-Next 80B-A3B", context) == states + 12 * 2 * 2 * 256 * 2 * context
+
+
+def test_kv_cache_bytes_names_bad_arguments():
+    from attention.models.published import kv_cache_bytes
+
+    with pytest.raises(ValueError, match=r"name must be one of the published models, got name='Llama 9'; the models: "
+                                         r"Llama 3.1 8B, .*Qwen3-Next 80B-A3B, Kimi Linear 48B-A3B, MiniMax-M1"):
+        kv_cache_bytes("Llama 9", 4096)
+    with pytest.raises(ValueError, match="context_length must be at least 1, got context_length=0"):
+        kv_cache_bytes("Llama 3.1 8B", 0)
+    with pytest.raises(ValueError, match="batch_size must be at least 1, got batch_size=-2"):
+        kv_cache_bytes("Llama 3.1 8B", 4096, batch_size=-2)
+    for argument, value in (("context_length", 4096.0), ("context_length", True), ("batch_size", "8")):
+        with pytest.raises(TypeError, match=f"{argument} must be an int, got {argument}={value!r}"):
+            kv_cache_bytes("Llama 3.1 8B", **{"context_length": 4096, argument: value})
+    for dtype in (torch.int8, "bfloat16"):
+        with pytest.raises(TypeError, match="dtype must be a floating-point torch.dtype"):
+            kv_cache_bytes("Llama 3.1 8B", 4096, dtype=dtype)

@@ -153,10 +153,8 @@ class KimiDeltaAttention(nn.Module):
         check_int("chunk_size", chunk_size)
         self.form, self.chunk_size = form, chunk_size
         self.hidden_size = config_value(config, "hidden_size")
-        self.num_heads, self.head_dim = linear_sizes(config)
-        self.conv_kernel_size = config_value(config, "linear_conv_kernel_dim", 4)
-        for name, value in (("hidden_size", self.hidden_size), ("linear_conv_kernel_dim", self.conv_kernel_size)):
-            check_int(name, value)
+        self.num_heads, self.head_dim, self.conv_kernel_size = linear_sizes(config)
+        check_int("hidden_size", self.hidden_size)
         activation = config_value(config, "hidden_act", "silu")
         if activation != "silu":
             raise ValueError(f"hidden_act must be 'silu' (the convolution's activation in every published Kimi Linear), "
@@ -166,6 +164,7 @@ class KimiDeltaAttention(nn.Module):
         H, D = self.num_heads, self.head_dim
         self.inner = H * D
         self.conv_dim = 3 * self.inner  # the convolution runs over q, k and v side by side
+        self.state_shape = (H, D, D)  # one sequence's recurrent state
 
         self.q_proj = nn.Linear(self.hidden_size, self.inner, bias=False)
         self.k_proj = nn.Linear(self.hidden_size, self.inner, bias=False)
@@ -223,8 +222,8 @@ class KimiDeltaAttention(nn.Module):
         `(B, H, D, D)`, float32 at least, and the convolution's last `kernel - 1` inputs `(B, 3 H D, kernel - 1)`.
         `capacity` is ignored: a state holds no positions, so its size is the same at every context."""
         weight = self.o_proj.weight
-        cache = RecurrentStateCache(batch_size, self.conv_dim, self.conv_kernel_size, self.num_heads, self.head_dim,
-                                    self.head_dim, dtype=weight.dtype, device=weight.device,
+        cache = RecurrentStateCache(batch_size, self.conv_dim, self.conv_kernel_size, *self.state_shape,
+                                    dtype=weight.dtype, device=weight.device,
                                     state_dtype=torch.promote_types(weight.dtype, torch.float32))
         cache.layer = (type(self).__name__, self.layer_idx)  # check_state_cache refuses it to any other layer
         return cache
@@ -291,13 +290,14 @@ def l2_normalized(x, eps=1e-6):
 
 
 def linear_sizes(config):
-    """`(linear_num_heads, linear_head_dim)` of the linear layers: transformers' fields, or the checkpoint's
-    `linear_attn_config` (`num_heads`, `head_dim`), each a positive int."""
+    """`(linear_num_heads, linear_head_dim, linear_conv_kernel_dim)` of the linear layers, each a positive int: the
+    checkpoint's `linear_attn_config` (`num_heads`, `head_dim`, `short_conv_kernel_size`) where it has them, which
+    transformers' config reads before its own fields, else those fields (the kernel 4 by default)."""
     nested = config_value(config, "linear_attn_config", None) or {}
     sizes = []
-    for name, key in (("linear_num_heads", "num_heads"), ("linear_head_dim", "head_dim")):
-        value = config_value(config, name, None)
-        value = nested.get(key) if value is None else value
+    for name, key in (("linear_num_heads", "num_heads"), ("linear_head_dim", "head_dim"),
+                      ("linear_conv_kernel_dim", "short_conv_kernel_size")):
+        value = nested.get(key, config_value(config, name, 4 if key == "short_conv_kernel_size" else None))
         if value is None:
             raise ValueError(f"config lacks the field {name!r} (nor linear_attn_config[{key!r}])")
         check_int(name, value)

@@ -139,6 +139,7 @@ class MiniMaxLightningAttention(nn.Module):
                              f"published MiniMax), got hidden_act={activation!r}")
         self.hidden_size, self.num_attention_heads, _, self.head_dim = head_sizes(config)
         H, D = self.num_attention_heads, self.head_dim
+        self.state_shape = (H, D, D)  # one sequence's recurrent state
         self.qkv_proj = nn.Linear(self.hidden_size, 3 * H * D, bias=False)
         self.output_gate = nn.Linear(self.hidden_size, H * D, bias=False)
         self.norm = MiniMaxRMSNorm(H * D)  # transformers' default eps, 1e-6: its layer passes none
@@ -178,8 +179,7 @@ class MiniMaxLightningAttention(nn.Module):
         """Empty state for `batch_size` sequences (`attention.decoding.RecurrentStateCache`, no convolution): `(B, H, D,
         D)`, float32 at least. `capacity` is ignored: the state's size is the same at every context."""
         weight = self.out_proj.weight
-        cache = RecurrentStateCache(batch_size, 1, 1, self.num_attention_heads, self.head_dim, self.head_dim,
-                                    dtype=weight.dtype, device=weight.device,
+        cache = RecurrentStateCache(batch_size, 1, 1, *self.state_shape, dtype=weight.dtype, device=weight.device,
                                     state_dtype=torch.promote_types(weight.dtype, torch.float32))
         cache.layer = (type(self).__name__, self.layer_idx)  # check_state_cache refuses it to any other layer
         return cache

@@ -5,7 +5,11 @@ release, its `text_config`), reduced to the fields `attention.models` reads, und
 `MODELS[config["model_type"]].from_config(config, layer_idx)` builds any of its layers (on the `meta` device,
 without allocating a weight). Where a file leaves a field to transformers' default, the default is written out
 and marked `# default`. No network at build time: the values are typed here, each entry links its source.
+`PUBLISHED_HYBRIDS` holds the models whose linear attention layers keep a state instead of a KV cache, and
+`kv_cache_bytes` counts any of them's cache at a context.
 """
+
+import torch
 
 # gpt-oss lists its layer types; the others follow from a rule (see each family's file).
 _GPT_OSS_LAYER_TYPES = ["sliding_attention", "full_attention"]
@@ -138,3 +142,88 @@ PUBLISHED = {
         },
     },
 }
+
+# The hybrids: linear attention layers (a recurrent state of the same size at every context) beside softmax ones.
+# Qwen3-Next's and Kimi Linear's files give the layer kinds by their own rules (`full_attention_interval`; Kimi's 1-based
+# `linear_attn_config`); MiniMax-M1's `attn_type_list` (0: lightning, 1: softmax) is written out as `layer_types`.
+PUBLISHED_HYBRIDS = {
+    "Qwen3-Next 80B-A3B": {
+        "source": "https://huggingface.co/Qwen/Qwen3-Next-80B-A3B-Instruct/blob/main/config.json",
+        "config": {
+            "model_type": "qwen3_next", "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 16,
+            "num_key_value_heads": 2, "head_dim": 256, "max_position_embeddings": 262144, "rms_norm_eps": 1e-06,
+            "rope_theta": 10000000, "partial_rotary_factor": 0.25, "full_attention_interval": 4,
+            "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "hidden_act": "silu",
+        },
+    },
+    "Kimi Linear 48B-A3B": {
+        "source": "https://huggingface.co/moonshotai/Kimi-Linear-48B-A3B-Instruct/blob/main/config.json",
+        "config": {
+            "model_type": "kimi_linear", "hidden_size": 2304, "num_hidden_layers": 27, "num_attention_heads": 32,
+            "num_key_value_heads": 32, "q_lora_rank": None, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+            "qk_rope_head_dim": 64, "v_head_dim": 128, "mla_use_nope": True, "rms_norm_eps": 1e-05,
+            "model_max_length": 1048576, "rope_theta": 10000.0, "hidden_act": "silu",
+            "linear_attn_config": {"head_dim": 128, "num_heads": 32, "short_conv_kernel_size": 4,
+                                   "kda_layers": [i for i in range(1, 28) if i % 4 and i != 27],
+                                   "full_attn_layers": [4, 8, 12, 16, 20, 24, 27]},
+        },
+    },
+    "MiniMax-M1": {
+        # Its file names the type minimax_m1 (the checkpoint's own code); transformers' MiniMax is the same attention,
+        # except that M1 rotates the first rotary_dim 64 of each head's 128 features and transformers all of them.
+        "source": "https://huggingface.co/MiniMaxAI/MiniMax-M1-80k/blob/main/config.json",
+        "config": {
+            "model_type": "minimax", "hidden_size": 6144, "num_hidden_layers": 80, "num_attention_heads": 64,
+            "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 10240000, "rms_norm_eps": 1e-05,
+            "rope_theta": 10000000, "hidden_act": "silu", "sliding_window": None,
+            "layer_types": (["linear_attention"] * 7 + ["full_attention"]) * 10,
+        },
+    },
+}
+
+
+def layer_cache_bytes(layer, context_length, dtype):
+    """Bytes one sequence's cache of `layer` (an `attention.models` layer, e.g. built on the `meta` device) holds after
+    `context_length` positions in `dtype`: a linear layer's recurrent state (float32 at least) and its convolution's
+    last `kernel - 1` inputs, whatever the context; a latent layer's latent and shared rotary key per position; a
+    softmax layer's key and value per K/V head per position, at most its window's (or chunk's) positions."""
+    size = dtype.itemsize
+    if hasattr(layer, "state_shape"):
+        heads, key_dim, value_dim = layer.state_shape
+        convolution = getattr(layer, "conv_dim", 0) * (getattr(layer, "conv_kernel_size", 1) - 1)
+        return heads * key_dim * value_dim * torch.promote_types(dtype, torch.float32).itemsize + convolution * size
+    span = getattr(layer, "sliding_window", None) or getattr(layer, "attention_chunk_size", None)
+    positions = min(context_length, span or context_length)
+    if hasattr(layer, "kv_lora_rank"):
+        return (layer.kv_lora_rank + layer.qk_rope_head_dim) * size * positions
+    return 2 * layer.num_key_value_heads * layer.head_dim * size * positions
+
+
+def published_layers(name):
+    """Every attention layer of the published model `name` (a key of `PUBLISHED` or `PUBLISHED_HYBRIDS`), built on the
+    `meta` device: attributes and shapes, no weight allocated. `ValueError` listing the names for another."""
+    entries = PUBLISHED | PUBLISHED_HYBRIDS
+    if name not in entries:
+        raise ValueError(f"name must be one of the published models, got name={name!r}; the models: "
+                         f"{', '.join(entries)}")
+    from attention.models import MODELS  # here, not at the top: the models' files never import this one
+
+    config = entries[name]["config"]
+    with torch.device("meta"):
+        return [MODELS[config["model_type"]].from_config(config, i) for i in range(config["num_hidden_layers"])]
+
+
+def kv_cache_bytes(name, context_length, batch_size=1, dtype=torch.bfloat16):
+    """Bytes of every layer's cache of the published model `name` for `batch_size` sequences of `context_length`
+    positions in `dtype` (`layer_cache_bytes` per layer): what a deployment must hold beside the weights.
+    `ValueError` naming the argument for an unknown name, a context or batch below 1; `TypeError` for a non-int
+    count or a dtype that is not a floating-point `torch.dtype`."""
+    for argument, value in (("context_length", context_length), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{argument} must be an int, got {argument}={value!r}")
+        if value < 1:
+            raise ValueError(f"{argument} must be at least 1, got {argument}={value}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got dtype={dtype!r}")
+    return batch_size * sum(layer_cache_bytes(layer, context_length, dtype) for layer in published_layers(name))

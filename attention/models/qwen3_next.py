@@ -174,6 +174,7 @@ class Qwen3NextGatedDeltaNet(nn.Module):
         check_finite("rms_norm_eps", rms_norm_eps)
         self.key_dim, self.value_dim = self.num_k_heads * self.head_k_dim, self.num_v_heads * self.head_v_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim  # the convolution runs over q, k and v side by side
+        self.state_shape = (self.num_v_heads, self.head_k_dim, self.head_v_dim)  # one sequence's recurrent state
 
         self.in_proj_qkvz = nn.Linear(self.hidden_size, 2 * self.key_dim + 2 * self.value_dim, bias=False)
         self.in_proj_ba = nn.Linear(self.hidden_size, 2 * self.num_v_heads, bias=False)
@@ -236,8 +237,8 @@ class Qwen3NextGatedDeltaNet(nn.Module):
         `(B, H_v, D_k, D_v)`, float32 at least, and the convolution's last `kernel - 1` inputs `(B, conv_dim, kernel - 1)`.
         `capacity` is ignored: a state holds no positions, so its size is the same at every context."""
         weight = self.out_proj.weight
-        cache = RecurrentStateCache(batch_size, self.conv_dim, self.conv_kernel_size, self.num_v_heads, self.head_k_dim,
-                                    self.head_v_dim, dtype=weight.dtype, device=weight.device,
+        cache = RecurrentStateCache(batch_size, self.conv_dim, self.conv_kernel_size, *self.state_shape,
+                                    dtype=weight.dtype, device=weight.device,
                                     state_dtype=torch.promote_types(weight.dtype, torch.float32))
         cache.layer = (type(self).__name__, self.layer_idx)  # check_state_cache refuses it to any other layer
         return cache

@@ -147,8 +147,11 @@ def linear_section(path, result):
     """The Linear attention page's recorded run: where the chunked form overtakes SDPA and the state step the KV cache
     step, in words, then each prompt's time per form and a decode step's per context."""
     config = result[NAME]
+    recurrent, quadratic = config["recurrent_max_len"], config["quadratic_max_len"]
+    limits = (f"forms timed to {recurrent:,} tokens" if recurrent == quadratic
+              else f"forms timed to {recurrent:,} and {quadratic:,} tokens")
     return "\n\n".join([f"From the recorded run {run_line(path, result)}: the attention core alone, {shape(result)}, "
-                        "each row checked against the rule's float64 definition first; the recurrent and quadratic "
-                        f"forms timed to {config['recurrent_max_len']:,} and {config['quadratic_max_len']:,} tokens.",
+                        f"each row checked against the rule's float64 definition first; the recurrent and quadratic "
+                        f"{limits}.",
                         summary(result),
                         times_table(result), decode_table(result)])
