@@ -6,6 +6,8 @@ sleep in a wrapper) and check that the choice follows, that a forced kernel is n
 `"auto"` is exactly the output of the kernel it chose.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -211,3 +213,18 @@ def test_the_model_families_auto_decode_equals_the_forced_winner(monkeypatch, na
     slowed(monkeypatch, "grouped_decode_attention")
     assert torch.equal(steps(auto), expected)
     assert {name for key, name in chosen().items() if key[0] == "attention"} == {"sdpa"}
+
+
+def test_short_calls_are_timed_more_often_up_to_a_limit(monkeypatch):
+    """At least `TIMED_CALLS` rounds; calls that take little are timed until the rounds have taken `TIMING_SECONDS`, at
+    most `MAX_ROUNDS` rounds (the noise of a few short calls chose the slower projection in a recorded run)."""
+    for seconds, rounds in [(1.0, tuning.TIMED_CALLS), (0.004, math.ceil(tuning.TIMING_SECONDS / (0.004 + 0.0036))),
+                            (1e-6, tuning.MAX_ROUNDS)]:
+        calls = {"a": 0, "b": 0}
+
+        def call(name, seconds=seconds):
+            calls[name] += 1
+            return seconds
+        monkeypatch.setattr(tuning, "timed_call", lambda candidate: candidate())
+        assert tuning.time_candidates({"a": lambda: call("a"), "b": lambda: call("b", seconds * 0.9)}) == "b"
+        assert calls["a"] == calls["b"] and calls["a"] == 1 + rounds, (seconds, calls, rounds)
