@@ -310,7 +310,7 @@ from attention.models.published import layer_cache_bytes
 BYTES = 2  # bfloat16
 
 
-def kv_cache_bytes(layers, context):
+def model_cache_bytes(layers, context):
     """Bytes of the KV cache of every layer at `context` positions, a local layer holding at most its window."""
     return sum(layer_cache_bytes(layer, context, torch.bfloat16) for layer in layers)
 
@@ -320,13 +320,13 @@ for name, layers in MODEL_LAYERS.items():
     for layer in {span(layer): layer for layer in layers}.values():  # one layer of each span (None: global)
         sizes = dict(batch_size=1, num_kv_heads=layer.num_key_value_heads, head_dim=layer.head_dim, dtype=torch.bfloat16)
         cache = SlidingWindowKVCache(window=span(layer), **sizes) if span(layer) else KVCache(capacity=256, **sizes)
-        assert cache.nbytes == kv_cache_bytes([layer], span(layer) or 256)
+        assert cache.nbytes == model_cache_bytes([layer], span(layer) or 256)
     max_context = PUBLISHED[name]["config"]["max_position_embeddings"]
     all_global = sum(2 * layer.num_key_value_heads * layer.head_dim * BYTES * max_context for layer in layers)
-    rows.append((name, f"{kv_cache_bytes(layers, 1) / 1024:,.0f}",
-                 f"{kv_cache_bytes(layers, min(32768, max_context)) / 2**30:,.2f}", f"{max_context:,}",
-                 f"{kv_cache_bytes(layers, max_context) / 2**30:,.2f}",
-                 f"{kv_cache_bytes(layers, max_context) / all_global:.0%}"))
+    rows.append((name, f"{model_cache_bytes(layers, 1) / 1024:,.0f}",
+                 f"{model_cache_bytes(layers, min(32768, max_context)) / 2**30:,.2f}", f"{max_context:,}",
+                 f"{model_cache_bytes(layers, max_context) / 2**30:,.2f}",
+                 f"{model_cache_bytes(layers, max_context) / all_global:.0%}"))
 
 # %% tags=["hide-input"]
 all_global_rows = [row for row in rows if row[-1] == "100%"]
@@ -335,8 +335,8 @@ show_table("KV cache per sequence in bfloat16 (checked against allocated caches'
            [row for row in rows if row[-1] != "100%" or row is all_global_rows[0]])
 gemma3, llama = MODEL_LAYERS["Gemma 3 27B"], MODEL_LAYERS["Llama 3.1 8B"]
 show_markdown(
-    f"At 128k tokens Gemma 3 27B caches {kv_cache_bytes(gemma3, 131072) / 2**30:.1f} GiB, where Llama 3.1 8B, "
-    f"all {len(llama)} of its layers global, caches {kv_cache_bytes(llama, 131072) / 2**30:.1f} GiB; "
+    f"At 128k tokens Gemma 3 27B caches {model_cache_bytes(gemma3, 131072) / 2**30:.1f} GiB, where Llama 3.1 8B, "
+    f"all {len(llama)} of its layers global, caches {model_cache_bytes(llama, 131072) / 2**30:.1f} GiB; "
     f"with all its layers global Gemma 3 27B would cache "
     f"{sum(2 * layer.num_key_value_heads * layer.head_dim * BYTES * 131072 for layer in gemma3) / 2**30:.1f} GiB. "
     f"Of the {len(all_global_rows)} models whose layers are all global ("

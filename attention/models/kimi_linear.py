@@ -295,9 +295,9 @@ def linear_sizes(config):
     transformers' config reads before its own fields, else those fields (the kernel 4 by default)."""
     nested = config_value(config, "linear_attn_config", None) or {}
     sizes = []
-    for name, key in (("linear_num_heads", "num_heads"), ("linear_head_dim", "head_dim"),
-                      ("linear_conv_kernel_dim", "short_conv_kernel_size")):
-        value = nested.get(key, config_value(config, name, 4 if key == "short_conv_kernel_size" else None))
+    for name, key, default in (("linear_num_heads", "num_heads", None), ("linear_head_dim", "head_dim", None),
+                               ("linear_conv_kernel_dim", "short_conv_kernel_size", 4)):
+        value = nested.get(key, config_value(config, name, default))
         if value is None:
             raise ValueError(f"config lacks the field {name!r} (nor linear_attn_config[{key!r}])")
         check_int(name, value)

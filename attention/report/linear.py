@@ -151,7 +151,7 @@ def linear_section(path, result):
     limits = (f"forms timed to {recurrent:,} tokens" if recurrent == quadratic
               else f"forms timed to {recurrent:,} and {quadratic:,} tokens")
     return "\n\n".join([f"From the recorded run {run_line(path, result)}: the attention core alone, {shape(result)}, "
-                        f"each row checked against the rule's float64 definition first; the recurrent and quadratic "
+                        "each row checked against the rule's float64 definition first; the recurrent and quadratic "
                         f"{limits}.",
                         summary(result),
                         times_table(result), decode_table(result)])
