@@ -209,13 +209,19 @@ def test_a_decode_step_allocates_less_than_half_the_cache_it_reads(model, kernel
     model family's layer, MLA's absorbed path), allocates less than half the bytes of the cache it reads: it reads the
     cache where it lies, never a copy of it (a matmul that broadcasts K/V heads over their query heads, or takes a
     batch over the cache's slice as a copy, would allocate the cache again). MLA's naive path expands the latent to
-    per-head keys and values by design (`decode_layers.MLA.step_bytes` counts it)."""
-    layer, batch, context = decode.LAYERS[model], 2, 4096
+    per-head keys and values by design (`decode_layers.MLA.step_bytes` counts it).
+
+    The batch is large enough for the step to read at least 1 MiB of cache: a step also allocates what does not grow
+    with its cache, e.g. the scratch of oneDNN's bfloat16 matmuls on a CPU with AVX-512 BF16 (about 130 KiB per
+    projection, whatever its size), which exceeded half of a 128-position window's cache at batch 2."""
+    layer, context = decode.LAYERS[model], 4096
     module, hidden = layer.build(decode.Config(**TINY_DECODE | dict(head_dim=64, contexts=(context,))), kernel)
     module = module.to(dtype).eval().requires_grad_(False)
     shapes = layer.entries(module)
+    per_sequence = layer.positions_read(context) * sum(math.prod(shape) for shape in shapes) * dtype.itemsize
+    batch = max(2, -(-2**20 // per_sequence))
     peak = step_peak_bytes(module, shapes, batch, context, hidden)
-    read = batch * layer.positions_read(context) * sum(math.prod(shape) for shape in shapes) * dtype.itemsize
+    read = batch * per_sequence
     assert peak is not None and peak < read / 2, f"a step allocated {peak:,} bytes, it reads {read:,} bytes of cache"
 
 
