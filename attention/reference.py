@@ -561,7 +561,7 @@ def model_reference_kwargs(config, layer_idx, positions, family=None):
 
 def reference_latent_attention(x, state, num_heads, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, rope_theta=10000.0,
                                rope_scaling=None, rope_interleave=True, norm_eps=1e-6, past_latent=None,
-                               past_rope_keys=None):
+                               past_rope_keys=None, selected=None):
     """Causal multi-head latent attention of `x` `(B, T, C)` in float64, from the equations of DeepSeek-V2
     (https://arxiv.org/abs/2405.04434, section 2.1, equations 9-19).
 
@@ -576,6 +576,9 @@ def reference_latent_attention(x, state, num_heads, qk_nope_head_dim, qk_rope_he
     `LatentCache` holds them), if given, are positions `0 .. L - 1`: `x` continues at positions
     `L .. L + T - 1`, and its token `i` attends to positions `0 .. L + i` (one decoding call, checked
     against what its cache holds).
+
+    `selected`, if given, is a boolean `(B, T, L + T)`: query `i` attends only to the positions it marks (and never
+    past its own position): DeepSeek-V3.2's sparse attention, with `reference_indexer_selection`'s choice.
 
     Returns:
         `(out, weights)`: `(B, T, C)` and `(B, H, T, L + T)`, both float64.
@@ -626,9 +629,60 @@ def reference_latent_attention(x, state, num_heads, qk_nope_head_dim, qk_rope_he
     if kind != "default" and rope_scaling.get("mscale_all_dim") and rope_scaling["factor"] > 1:
         scale *= (0.1 * rope_scaling["mscale_all_dim"] * math.log(rope_scaling["factor"]) + 1) ** 2
     causal_mask = positions[:, None] >= torch.arange(S)[None, :]  # (T, S), True = attend
+    if selected is not None:
+        causal_mask = causal_mask & selected.unsqueeze(1)  # (B, 1, T, S)
     attn_output, weights = reference_kernel(q, k, v_content, mask=causal_mask, scale=scale)  # (B, H, T, Dv)
     attn_output = attn_output.permute(0, 2, 1, 3).reshape(B, T, H * Dv)  # eq. 19: [o_1; ...; o_H]
     return linear(attn_output, "o_proj"), weights
+
+
+def reference_indexer_selection(x, state, index_n_heads, index_head_dim, index_topk, qk_rope_head_dim,
+                                rope_theta=10000.0, rope_scaling=None, norm_eps=1e-6):
+    """The positions DeepSeek-V3.2's lightning indexer picks for each query of `x` `(B, T, C)`, in float64, query by
+    query: a boolean `(B, T, T)`, True where query `t` keeps position `s` (DeepSeek-V3.2-Exp's report,
+    https://github.com/deepseek-ai/DeepSeek-V3.2-Exp, eq. 1, and its `inference/model.py`).
+
+    `state` holds the layer's parameters (transformers' names): the compressed query `c^Q`
+    (`q_a_proj.*`, `q_a_layernorm.weight`, eps `norm_eps`), and the indexer's `indexer.wq_b.weight` (`c^Q` to
+    `index_n_heads` queries of `index_head_dim`), `indexer.wk.weight` and its LayerNorm `indexer.k_norm.*` (eps 1e-6;
+    one key per position, shared by the indexer's heads), `indexer.weights_proj.weight` (each head's weight, per query).
+    The first `qk_rope_head_dim` features of the indexer's queries and keys rotate in pairs `(i, i + R/2)` (not
+    interleaved as MLA's own rotary features), at the frequencies and attention factor of the layer's RoPE.
+
+    Query `t`'s score of position `s <= t`: `I(t, s) = sum_j w(t, j) / sqrt(index_n_heads) * ReLU(q(t, j) . k(s) /
+    sqrt(index_head_dim))`. The `index_topk` highest-scoring positions are kept (every position `s <= t` where there
+    are no more than that); ties go to the earlier position.
+    """
+    f64 = {name: tensor.to(torch.float64) for name, tensor in state.items()}
+    x = x.to(torch.float64)
+    B, T, _ = x.shape
+    Hi, Di, Dr = index_n_heads, index_head_dim, qk_rope_head_dim
+
+    def linear(inputs, name):
+        y = inputs @ f64[f"{name}.weight"].T
+        return y + f64[f"{name}.bias"] if f"{name}.bias" in f64 else y
+
+    compressed = linear(x, "q_a_proj")
+    compressed = compressed / torch.sqrt(compressed.pow(2).mean(-1, keepdim=True) + norm_eps) * f64["q_a_layernorm.weight"]
+    queries = linear(compressed, "indexer.wq_b").reshape(B, T, Hi, Di).permute(0, 2, 1, 3)  # (B, Hi, T, Di)
+    keys = linear(x, "indexer.wk")  # (B, T, Di)
+    keys = (keys - keys.mean(-1, keepdim=True)) / torch.sqrt(keys.var(-1, unbiased=False, keepdim=True) + 1e-6)
+    keys = (keys * f64["indexer.k_norm.weight"] + f64["indexer.k_norm.bias"]).unsqueeze(1)  # (B, 1, T, Di)
+    inverse_frequencies, attention_factor = rope_frequencies(Dr, {**(rope_scaling or {}), "rope_theta": rope_theta})
+    positions = torch.arange(T)
+    queries = reference_rope(queries, positions, inverse_frequencies, attention_factor, interleaved=False)
+    keys = reference_rope(keys, positions, inverse_frequencies, attention_factor, interleaved=False)[:, 0]  # (B, T, Di)
+    weights = linear(x, "indexer.weights_proj") / math.sqrt(Hi)  # (B, T, Hi)
+    selected = torch.zeros(B, T, T, dtype=torch.bool)
+    for b in range(B):
+        for t in range(T):
+            scores = []
+            for s in range(t + 1):
+                per_head = [torch.relu(queries[b, j, t] @ keys[b, s] / math.sqrt(Di)) for j in range(Hi)]
+                scores.append(sum(weights[b, t, j] * per_head[j] for j in range(Hi)).item())
+            for s in sorted(range(t + 1), key=lambda s: -scores[s])[:index_topk]:  # stable: earlier wins a tie
+                selected[b, t, s] = True
+    return selected
 
 
 def reference_delta_rule(q, k, v, g=None, beta=None, *, scale=None, initial_state=None):

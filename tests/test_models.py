@@ -753,11 +753,11 @@ def test_on_cuda_the_layer_its_cache_and_flex_equal_the_reference(name, layer_id
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_kv_cache_bytes_equals_the_caches_each_layer_allocates(dtype):
-    """`kv_cache_bytes` of every published model (the hybrids too) equals the bytes of the caches its layers allocate
+    """`kv_cache_bytes` of every published model (the latent and the hybrids too) equals the bytes of the caches its layers allocate
     (on the meta device) for 3 sequences, at contexts below, at and past each window and at 1M positions."""
-    from attention.models.published import PUBLISHED, PUBLISHED_HYBRIDS, kv_cache_bytes, layer_cache_bytes, published_layers
+    from attention.models.published import kv_cache_bytes, layer_cache_bytes, published_entries, published_layers
 
-    for name in [*PUBLISHED, *PUBLISHED_HYBRIDS]:
+    for name in published_entries():
         layers = [layer.to(dtype) for layer in published_layers(name)]
         for context in (1, 128, 129, 4096, 8193, 2**20):
             allocated = 0
@@ -779,6 +779,17 @@ def test_kv_cache_bytes_of_a_hybrid_counts_its_states_once_whatever_the_context(
     states = 36 * (32 * 128 * 128 * 4 + (2 * 16 * 128 + 32 * 128) * 3 * 2)
     for context in (1, 4096, 2**20):
         assert kv_cache_bytes("Qwen3-Next 80B-A3B", context) == states + 12 * 2 * 2 * 256 * 2 * context
+
+
+def test_kv_cache_bytes_of_latent_models_by_hand():
+    """MLA keeps 512 latent and 64 rotary values per position and layer whatever its 128 heads (DeepSeek-V3: 61 layers);
+    DeepSeek-V3.2's indexer adds its key of 128."""
+    from attention.models.published import kv_cache_bytes, published_entries
+
+    assert {"DeepSeek-V2-Lite", "DeepSeek-V3", "Kimi K2", "DeepSeek-V3.2"} <= set(published_entries())
+    assert kv_cache_bytes("DeepSeek-V3", 4096) == 61 * (512 + 64) * 2 * 4096
+    assert kv_cache_bytes("DeepSeek-V3.2", 4096, batch_size=2) == 2 * 61 * (512 + 64 + 128) * 2 * 4096
+    assert kv_cache_bytes("DeepSeek-V2-Lite", 100, dtype=torch.float32) == 27 * (512 + 64) * 4 * 100
 
 
 def test_kv_cache_bytes_names_bad_arguments():

@@ -88,6 +88,7 @@ class Registry(dict):
 
 # The families import nothing from this file (each is copyable alone), so importing them here is no cycle.
 from attention.models.deepseek_v3 import DeepseekV3Attention  # noqa: E402
+from attention.models.deepseek_v32 import DeepseekV32Attention  # noqa: E402
 from attention.models.gemma2 import Gemma2Attention  # noqa: E402
 from attention.models.gemma3 import Gemma3Attention  # noqa: E402
 from attention.models.gpt_oss import GptOssAttention  # noqa: E402
@@ -118,6 +119,8 @@ MODELS = Registry({
     "deepseek_v3": DeepseekV3Attention,
     "deepseek_v2": DeepseekV3Attention,
     "kimi_k2": DeepseekV3Attention,
+    # DeepSeek sparse attention: MLA over the positions its lightning indexer picks (`sparse="gather"` or `"mask"`).
+    "deepseek_v32": DeepseekV32Attention,
     # A hybrid: `from_config` builds its Kimi delta attention layers (KimiDeltaAttention) or its latent attention ones.
     "kimi_linear": KimiLinearAttention,
     # A hybrid: `from_config` builds its lightning attention layers (MiniMaxLightningAttention) or its softmax ones.

@@ -130,6 +130,13 @@ class DeepseekV3Attention(nn.Module):
         `config.json`, which has `rope_theta` and `rope_scaling` where transformers 5 has
         `rope_parameters`). Every layer of these models has the same attention.
         """
+        args, kwargs = cls.config_arguments(config, layer_idx)
+        return cls(*args, **kwargs, path=path)
+
+    @staticmethod
+    def config_arguments(config, layer_idx):
+        """`(args, kwargs)` of MLA's constructor read from `config` for layer `layer_idx` (all but `path`), each field
+        checked: `from_config` here and in DeepSeek-V3.2's layer, which adds its indexer's."""
         if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or layer_idx < 0:
             raise ValueError(f"layer_idx must be a non-negative int, got layer_idx={layer_idx!r}")
         num_layers = config_value(config, "num_hidden_layers", None)
@@ -142,12 +149,11 @@ class DeepseekV3Attention(nn.Module):
         else:  # its rope_theta, if absent, is named missing by check_rope_parameters
             rope_scaling = mapping("rope_parameters", rope_parameters)
             rope_theta = rope_scaling.get("rope_theta")
-        return cls(config_value(config, "hidden_size"), config_value(config, "num_attention_heads"),
-                   config_value(config, "q_lora_rank"), config_value(config, "kv_lora_rank"),
-                   config_value(config, "qk_nope_head_dim"), config_value(config, "qk_rope_head_dim"),
-                   config_value(config, "v_head_dim"), rope_theta=rope_theta, rope_scaling=rope_scaling,
-                   rope_interleave=config_value(config, "rope_interleave", True),
-                   attention_bias=config_value(config, "attention_bias", False), path=path, layer_idx=layer_idx)
+        args = [config_value(config, name) for name in ("hidden_size", "num_attention_heads", "q_lora_rank", "kv_lora_rank",
+                                                        "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")]
+        return args, dict(rope_theta=rope_theta, rope_scaling=rope_scaling,
+                          rope_interleave=config_value(config, "rope_interleave", True),
+                          attention_bias=config_value(config, "attention_bias", False), layer_idx=layer_idx)
 
     def forward(self, x, cache=None):
         """`x` `(B, T, hidden_size)` -> `(B, T, hidden_size)`; with `cache`, `x` continues the cached sequence."""

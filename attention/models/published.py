@@ -5,11 +5,15 @@ release, its `text_config`), reduced to the fields `attention.models` reads, und
 `MODELS[config["model_type"]].from_config(config, layer_idx)` builds any of its layers (on the `meta` device,
 without allocating a weight). Where a file leaves a field to transformers' default, the default is written out
 and marked `# default`. No network at build time: the values are typed here, each entry links its source.
-`PUBLISHED_HYBRIDS` holds the models whose linear attention layers keep a state instead of a KV cache, and
-`kv_cache_bytes` counts any of them's cache at a context.
+`PUBLISHED_HYBRIDS` holds the models whose linear attention layers keep a state instead of a KV cache,
+`PUBLISHED_LATENT` those with multi-head latent attention (DeepSeek-V2-Lite, V3 and Kimi K2 typed beside their layer,
+in `attention/models/deepseek_v3.py`; DeepSeek-V3.2's sparse attention here), and `kv_cache_bytes` counts any of
+their caches at a context.
 """
 
 import torch
+
+from attention.models.deepseek_v3 import PUBLISHED_CONFIGS
 
 # gpt-oss lists its layer types; the others follow from a rule (see each family's file).
 _GPT_OSS_LAYER_TYPES = ["sliding_attention", "full_attention"]
@@ -182,12 +186,37 @@ PUBLISHED_HYBRIDS = {
     },
 }
 
+# Multi-head latent attention: one latent and one rotary key per position for all heads. DeepSeek-V3.2 is DeepSeek-V3
+# (V3.1-Terminus) with a lightning indexer in every layer, whose one key per position the cache keeps too.
+PUBLISHED_LATENT = {
+    **{name: {"source": fields["source"], "config": {key: value for key, value in fields.items() if key != "source"}}
+       for name, fields in PUBLISHED_CONFIGS.items()},
+    "DeepSeek-V3.2": {
+        "source": "https://huggingface.co/deepseek-ai/DeepSeek-V3.2/blob/main/config.json",
+        "config": {
+            "model_type": "deepseek_v32", "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128,
+            "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+            "v_head_dim": 128, "index_n_heads": 64, "index_head_dim": 128, "index_topk": 2048,
+            "max_position_embeddings": 163840, "rope_theta": 10000,
+            "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
+                             "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+        },
+    },
+}
+
+
+def published_entries():
+    """Every published model the calculator knows, `{name: {"source": url, "config": {...}}}`: `PUBLISHED`, then
+    `PUBLISHED_LATENT`, then `PUBLISHED_HYBRIDS`."""
+    return PUBLISHED | PUBLISHED_LATENT | PUBLISHED_HYBRIDS
+
 
 def layer_cache_bytes(layer, context_length, dtype):
     """Bytes one sequence's cache of `layer` (an `attention.models` layer, e.g. built on the `meta` device) holds after
     `context_length` positions in `dtype`: a linear layer's recurrent state (float32 at least) and its convolution's
-    last `kernel - 1` inputs, whatever the context; a latent layer's latent and shared rotary key per position; a
-    softmax layer's key and value per K/V head per position, at most its window's (or chunk's) positions."""
+    last `kernel - 1` inputs, whatever the context; a latent layer's latent and shared rotary key per position (and
+    DeepSeek-V3.2's indexer key); a softmax layer's key and value per K/V head per position, at most its window's (or
+    chunk's) positions."""
     size = dtype.itemsize
     if hasattr(layer, "state_shape"):
         heads, key_dim, value_dim = layer.state_shape
@@ -195,15 +224,16 @@ def layer_cache_bytes(layer, context_length, dtype):
         return heads * key_dim * value_dim * torch.promote_types(dtype, torch.float32).itemsize + convolution * size
     span = getattr(layer, "sliding_window", None) or getattr(layer, "attention_chunk_size", None)
     positions = min(context_length, span or context_length)
-    if hasattr(layer, "kv_lora_rank"):
-        return (layer.kv_lora_rank + layer.qk_rope_head_dim) * size * positions
+    if hasattr(layer, "kv_lora_rank"):  # DeepSeek-V3.2's indexer adds its key (DeepSeek's kernels keep it in FP8)
+        index_keys = layer.indexer.head_dim if hasattr(layer, "indexer") else 0
+        return (layer.kv_lora_rank + layer.qk_rope_head_dim + index_keys) * size * positions
     return 2 * layer.num_key_value_heads * layer.head_dim * size * positions
 
 
 def published_layers(name):
-    """Every attention layer of the published model `name` (a key of `PUBLISHED` or `PUBLISHED_HYBRIDS`), built on the
-    `meta` device: attributes and shapes, no weight allocated. `ValueError` listing the names for another."""
-    entries = PUBLISHED | PUBLISHED_HYBRIDS
+    """Every attention layer of the published model `name` (a key of `published_entries()`), built on the `meta`
+    device: attributes and shapes, no weight allocated. `ValueError` listing the names for another."""
+    entries = published_entries()
     if name not in entries:
         raise ValueError(f"name must be one of the published models, got name={name!r}; the models: "
                          f"{', '.join(entries)}")
