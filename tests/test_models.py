@@ -805,6 +805,8 @@ def test_kv_cache_bytes_names_bad_arguments():
     for argument, value in (("context_length", 4096.0), ("context_length", True), ("batch_size", "8")):
         with pytest.raises(TypeError, match=f"{argument} must be an int, got {argument}={value!r}"):
             kv_cache_bytes("Llama 3.1 8B", **{"context_length": 4096, argument: value})
+    assert kv_cache_bytes("Qwen3-Next 80B-A3B", 4096, dtype=torch.float8_e4m3fn) == (  # an FP8 cache, float32 states
+        36 * (32 * 128 * 128 * 4 + (2 * 16 * 128 + 32 * 128) * 3) + 12 * 2 * 2 * 256 * 4096)
     for dtype in (torch.int8, "bfloat16"):
         with pytest.raises(TypeError, match="dtype must be a floating-point torch.dtype"):
             kv_cache_bytes("Llama 3.1 8B", 4096, dtype=dtype)

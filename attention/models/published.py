@@ -221,7 +221,7 @@ def layer_cache_bytes(layer, context_length, dtype):
     if hasattr(layer, "state_shape"):
         heads, key_dim, value_dim = layer.state_shape
         convolution = getattr(layer, "conv_dim", 0) * (getattr(layer, "conv_kernel_size", 1) - 1)
-        return heads * key_dim * value_dim * torch.promote_types(dtype, torch.float32).itemsize + convolution * size
+        return heads * key_dim * value_dim * max(size, 4) + convolution * size  # the state: float32 at least
     span = getattr(layer, "sliding_window", None) or getattr(layer, "attention_chunk_size", None)
     positions = min(context_length, span or context_length)
     if hasattr(layer, "kv_lora_rank"):  # DeepSeek-V3.2's indexer adds its key (DeepSeek's kernels keep it in FP8)
