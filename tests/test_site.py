@@ -558,6 +558,42 @@ def test_teaching_pages_are_at_most_12000_px_tall(walk, new_context):
     recorder.assert_clean("the teaching pages' heights")
 
 
+def test_the_kv_calculator_computes_what_kv_cache_bytes_does(walk, new_context):
+    """For every published model the calculator lists, its JavaScript's bytes (exact, in `data-bytes`) equal
+    `attention.models.published.kv_cache_bytes` at a short, a window-crossing and a long context, three batches and
+    three element types; a context or batch that is not a count from 1 is refused in words, with no figure."""
+    import torch
+
+    from attention.models.published import kv_cache_bytes, published_entries
+
+    url = walk.nav_page(lambda entry: "calculator" in entry.title.lower())
+    assert url, "no page with 'calculator' in its navigation title"
+    context, recorder = new_context()
+    page = context.new_page()
+    page.goto(url)
+    names = list(published_entries())
+    assert page.locator("#kv-model option").all_inner_texts() == names
+    cases = [(4096, 1, "bfloat16"), (131073, 3, "float32"), (1048576, 2, "float8_e4m3fn")]
+    problems = []
+    for index, name in enumerate(names):
+        page.select_option("#kv-model", str(index))
+        for positions, batch, dtype in cases:
+            page.fill("#kv-context", str(positions))
+            page.fill("#kv-batch", str(batch))
+            page.select_option("#kv-dtype", dtype)
+            shown = page.get_attribute("#kv-result", "data-bytes")
+            expected = kv_cache_bytes(name, positions, batch, getattr(torch, dtype))
+            if shown != str(expected):
+                problems.append(f"{name}, {positions:,} positions, batch {batch}, {dtype}: page {shown}, Python {expected}")
+    assert problems == [], "the calculator disagrees with kv_cache_bytes:\n" + _listing(problems)
+    assert page.locator("#kv-chart circle").count() == 1 and page.locator("#kv-lines li").count() >= 1
+    for value, message in (("0", "context must be from 1 to 16,777,216, got 0"),
+                           ("12k", "context must be a whole number")):
+        page.fill("#kv-context", value)
+        assert message in page.inner_text("#kv-result") and page.get_attribute("#kv-result", "data-bytes") == ""
+    recorder.assert_clean("the KV-cache calculator")
+
+
 # ----------------------------------------------------------------------------------------------
 # Screenshots for people to look at
 # ----------------------------------------------------------------------------------------------

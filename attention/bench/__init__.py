@@ -24,6 +24,7 @@ SWEEPS = {name: importlib.import_module(f"attention.bench.sweeps.{name}") for na
     "bounds",
     "kernels",
     "linear",
+    "sparse",
 )}
 
 

@@ -40,7 +40,7 @@ from attention.models.deepseek_v3 import (DeepseekV3Attention, apply_rotary, che
 SPARSE_FORMS = ("gather", "mask")
 INDEX_NORM_EPS = 1e-6  # the indexer's LayerNorm on its keys (DeepSeek's code and transformers': 1e-6)
 # The gather form scores and gathers a block of queries at a time: about this many elements per block's tensors.
-BLOCK_ELEMENTS = 1 << 22
+BLOCK_ELEMENTS = 1 << 24
 
 
 class IndexedLatentCache(LatentCache):
@@ -73,7 +73,9 @@ class IndexedLatentCache(LatentCache):
 class LightningIndexer(nn.Module):
     """DSA's indexer: `index_n_heads` query heads of `index_head_dim` from the compressed query `c^Q`, one key per
     position from `x`, a weight per head and query from `x`. Transformers' names (`wq_b`, `wk`, `k_norm`,
-    `weights_proj`), so a checkpoint's `indexer.*` weights load unchanged."""
+    `weights_proj`), so a checkpoint's `indexer.*` weights load unchanged. (transformers keeps `weights_proj` in
+    float32 when it loads a checkpoint in bfloat16; here every weight has the layer's dtype, and the scores are float32
+    at least either way.)"""
 
     def __init__(self, hidden_size, q_lora_rank, index_n_heads, index_head_dim, qk_rope_head_dim):
         super().__init__()
@@ -108,19 +110,30 @@ def index_scores(queries, keys, weights):
     weight changes how much its ReLU scores count, so the weights change which positions rank highest (the tests show
     a case): they are part of the ranking, not a scale on it.
     """
+    B, Hi, T, Di = queries.shape
     dtype = torch.promote_types(queries.dtype, torch.float32)
-    per_head = F.relu(queries.to(dtype) @ keys.to(dtype).unsqueeze(1).transpose(-1, -2))  # (B, Hi, T, S)
-    return torch.einsum("bth,bhts->bts", weights.to(dtype), per_head)  # (B, T, S)
+    # The heads folded into the rows of one matmul: the keys, shared by every head, are read once.
+    per_head = F.relu(queries.to(dtype).reshape(B, Hi * T, Di) @ keys.to(dtype).transpose(1, 2))  # (B, Hi*T, S)
+    return torch.einsum("bth,bhts->bts", weights.to(dtype), per_head.view(B, Hi, T, -1))  # (B, T, S)
 
 
 def top_k_positions(scores, top_k, causal):
     """The `min(top_k, S)` positions of highest score per query: `scores` `(B, T, S)`, `causal` `(T, S)` (True =
     visible). Returns `(indices, valid)`, both `(B, T, k)`: a query with fewer visible positions than `top_k` keeps
-    them all, and its other slots point at positions it must not see (`valid` False there)."""
+    them all, and its other slots point at positions it must not see (`valid` False there). Positions tied at the
+    boundary (a score of exactly 0, where every indexer head's ReLU is 0: frequent with few heads) are kept as
+    `torch.topk` breaks the tie, as transformers' layer keeps them."""
     k = min(top_k, scores.shape[-1])
     indices = scores.masked_fill(~causal, float("-inf")).topk(k, dim=-1).indices  # (B, T, k)
     valid = causal.expand(scores.shape[0], -1, -1).gather(-1, indices)  # (B, T, k)
     return indices, valid
+
+
+def query_blocks(num_queries, num_positions, heads):
+    """Slices of the `num_queries` queries, each block's `(heads, block, num_positions)` scores about `BLOCK_ELEMENTS`
+    (at least one query a block)."""
+    block = max(1, BLOCK_ELEMENTS // (num_positions * heads))
+    return [slice(first, first + block) for first in range(0, num_queries, block)]
 
 
 class DeepseekV32Attention(DeepseekV3Attention):
@@ -186,8 +199,21 @@ class DeepseekV32Attention(DeepseekV3Attention):
         """`x` `(B, T, hidden_size)` -> `(B, T, hidden_size)`; with `cache`, `x` continues the cached sequence."""
         check_input(x, self.hidden_size, self.o_proj.weight.dtype)
         B, T, C = x.shape
-        H, Dn, Dr, Dc = self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim, self.kv_lora_rank
         start = 0 if cache is None else cache.length
+        q_nope, q_rope, latent, k_rope, index_q, index_k, index_w = self.attention_inputs(x, start)
+        if cache is not None:
+            check_cache(self, cache, x)
+            latent, k_rope, index_k, _ = cache.update(latent, k_rope, index_k)  # (B, 1, S, Dc), (B, 1, S, Dr), (B, S, Di)
+        attn_output = self.attend(q_nope, q_rope, latent, k_rope, index_q, index_k, index_w)  # (B, H, T, Dv)
+        attn_output = attn_output.transpose(1, 2).reshape(B, T, self.num_heads * self.v_head_dim)  # (B, T, H*Dv)
+        return self.o_proj(attn_output)  # (B, T, C)
+
+    def attention_inputs(self, x, start=0):
+        """What attention reads of the tokens of `x` at positions `start ..`, after the projections: MLA's query parts
+        `(B, H, T, Dn)`, `(B, H, T, Dr)`, latent `(B, 1, T, Dc)` and rotary key `(B, 1, T, Dr)`, and the indexer's
+        queries `(B, Hi, T, Di)`, keys `(B, T, Di)` and head weights `(B, T, Hi)`."""
+        B, T, C = x.shape
+        H, Dn, Dr, Dc = self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim, self.kv_lora_rank
         compressed_query = self.q_a_layernorm(self.q_a_proj(x))  # (B, T, q_lora_rank): c^Q, read by MLA and the indexer
         q = self.q_b_proj(compressed_query).view(B, T, H, Dn + Dr).transpose(1, 2)  # (B, H, T, Dn+Dr)
         q_nope, q_rope = q.split([Dn, Dr], dim=-1)  # (B, H, T, Dn), (B, H, T, Dr)
@@ -198,20 +224,18 @@ class DeepseekV32Attention(DeepseekV3Attention):
         cos, sin = rotary_cos_sin(self, start, T, x)  # (T, Dr): the indexer's rotation, always in halves
         with torch.no_grad():  # a choice, not a function to differentiate: DeepSeek trains the indexer with its own loss
             index_q, index_k, index_w = self.indexer.queries_keys_weights(x, compressed_query, cos, sin)
-        if cache is not None:
-            check_cache(self, cache, x)
-            latent, k_rope, index_k, _ = cache.update(latent, k_rope, index_k)  # (B, 1, S, Dc), (B, 1, S, Dr), (B, S, Di)
-        S = latent.shape[2]
-        causal = torch.arange(start, start + T, device=x.device)[:, None] >= torch.arange(S, device=x.device)  # (T, S)
-        if self.sparse == "mask":
-            indices, valid = top_k_positions(index_scores(index_q, index_k, index_w), self.index_topk, causal)
-            chosen = torch.zeros(B, T, S, dtype=torch.bool, device=x.device).scatter(-1, indices, valid)  # (B, T, S)
-            attend = self.attend_naive if self.path == "naive" else self.attend_absorbed
-            attn_output = attend(q_nope, q_rope, latent, k_rope, chosen.unsqueeze(1))  # (B, H, T, Dv)
-        else:
-            attn_output = self.attend_gathered(q_nope, q_rope, latent, k_rope, index_q, index_k, index_w, causal)
-        attn_output = attn_output.transpose(1, 2).reshape(B, T, H * self.v_head_dim)  # (B, T, H*Dv)
-        return self.o_proj(attn_output)  # (B, T, C)
+        return q_nope, q_rope, latent, k_rope, index_q, index_k, index_w
+
+    def attend(self, q_nope, q_rope, latent, k_rope, index_q, index_k, index_w):
+        """`T` queries (the last `T` positions) over `S` cached positions, in the layer's form: `(B, H, T, Dv)`."""
+        (B, _, T, _), S = q_nope.shape, latent.shape[2]
+        causal = torch.arange(S - T, S, device=latent.device)[:, None] >= torch.arange(S, device=latent.device)  # (T, S)
+        if self.sparse == "gather":
+            return self.attend_gathered(q_nope, q_rope, latent, k_rope, index_q, index_k, index_w, causal)
+        indices, valid = top_k_positions(index_scores(index_q, index_k, index_w), self.index_topk, causal)
+        chosen = torch.zeros(B, T, S, dtype=torch.bool, device=latent.device).scatter(-1, indices, valid)  # (B, T, S)
+        attend = self.attend_naive if self.path == "naive" else self.attend_absorbed
+        return attend(q_nope, q_rope, latent, k_rope, chosen.unsqueeze(1))  # (B, H, T, Dv)
 
     def attend_gathered(self, q_nope, q_rope, latent, k_rope, index_q, index_k, index_w, causal):
         """Each query attends to its `index_topk` chosen positions only, read from the latent cache by index:
@@ -222,15 +246,17 @@ class DeepseekV32Attention(DeepseekV3Attention):
         w_kv = self.kv_b_proj.weight.view(H, Dn + Dv, Dc)  # (H, Dn+Dv, Dc)
         w_uk, w_uv = w_kv[:, :Dn], w_kv[:, Dn:]  # (H, Dn, Dc), (H, Dv, Dc)
         q_latent = torch.einsum("bhtn,hnc->bhtc", q_nope, w_uk)  # (B, H, T, Dc): W^UK folded into the query
-        latent, k_rope = latent[:, 0], k_rope[:, 0]  # (B, S, Dc), (B, S, Dr)
-        batch = torch.arange(B, device=latent.device)[:, None, None]  # (B, 1, 1): indexes the batch beside `indices`
-        block = max(1, BLOCK_ELEMENTS // (S * max(index_q.shape[1], H)))
+        latent, k_rope = latent[:, 0], k_rope[:, 0]  # (B, S, Dc), (B, S, Dr): views of the cache, not copies
+
+        def picked(cache_rows, indices):  # (B, S, D), (B, t, k) -> (B, t, k, D): the chosen rows, sequence by sequence
+            return torch.stack([rows.index_select(0, chosen.flatten()) for rows, chosen in zip(cache_rows, indices)]
+                               ).view(*indices.shape, cache_rows.shape[-1])
+
         outputs = []
-        for first in range(0, T, block):
-            rows = slice(first, first + block)
+        for rows in query_blocks(T, S, max(index_q.shape[1], H)):
             scores = index_scores(index_q[:, :, rows], index_k, index_w[:, rows])  # (B, t, S)
             indices, valid = top_k_positions(scores, self.index_topk, causal[rows])  # (B, t, k) each
-            picked_latent, picked_rope = latent[batch, indices], k_rope[batch, indices]  # (B, t, k, Dc), (B, t, k, Dr)
+            picked_latent, picked_rope = picked(latent, indices), picked(k_rope, indices)  # (B, t, k, Dc), (B, t, k, Dr)
             logits = (torch.einsum("bhtc,btkc->bhtk", q_latent[:, :, rows], picked_latent)
                       + torch.einsum("bhtr,btkr->bhtk", q_rope[:, :, rows], picked_rope)) * self.scaling  # (B, H, t, k)
             logits = logits.masked_fill(~valid.unsqueeze(1), float("-inf"))

@@ -9,12 +9,14 @@ import dataclasses
 from attention.bench.profiles import quick_config
 from attention.bench.results import (RESULTS_DIR, all_rows, changed_sources, check_file, find_results, is_stale,  # noqa: F401
                                      load_result, validate as validate_result)
-from attention.report import block_sparse, bounds, compare, decode, format, kernels, linear, prefill, ring, sequence  # noqa: F401
+from attention.report import (block_sparse, bounds, compare, decode, format, kernels, linear, prefill, ring,  # noqa: F401
+                              sequence, sparse)
 from attention.report.format import device_label
 
 # sweep name (`attention.bench.SWEEPS`) -> the module that shows its results
 PAGES = {"sequence": sequence, "block_sparse": block_sparse, "decode": decode, "ring": ring, "prefill": prefill,
-         "bounds": bounds, "kernels": kernels, "linear": linear}
+         "bounds": bounds, "kernels": kernels, "linear": linear,
+         "sparse": sparse}
 
 
 def profile_summary(config=None):

@@ -6,6 +6,7 @@ import math
 import re
 import textwrap
 
+from attention.bench.core import usable
 from attention.bench.metrics import CONTENDED_BELOW
 from attention.machine import cpu_features_label
 from attention.bench.results import all_rows, changed_sources, is_stale
@@ -29,6 +30,16 @@ def nested(rows, outer, inner):
     for row in rows:
         grouped.setdefault(row[outer], {})[row[inner]] = row
     return dict(sorted(grouped.items()))
+
+
+def faster_from(rows, fast, slow):
+    """The shortest measured length from which `fast`'s median is below `slow`'s at that length and every longer one
+    where both were measured (None where it never is), and the lengths where both were measured."""
+    pairs = nested(rows, "seq_len", "kernel")
+    both = sorted(T for T, pair in pairs.items() if usable(pair.get(fast)) and usable(pair.get(slow)))
+    from_ = [T for i, T in enumerate(both) if all(pairs[U][fast]["ms_median"] < pairs[U][slow]["ms_median"]
+                                                  for U in both[i:])]
+    return (from_[0] if from_ else None), both, pairs
 
 
 def mebibytes(value):

@@ -4,7 +4,8 @@ decode step over a state against one over a KV cache, with the crossovers in wor
 
 from attention.bench import core
 from attention.bench.sweeps.linear import DECODE_KERNELS, NAME, PREFILL_KERNELS
-from attention.report.format import collapsed, mebibytes, nested, number, percent, run_line, status_cell, table, title_suffix
+from attention.report.format import (collapsed, faster_from, mebibytes, nested, number, percent, run_line, status_cell,
+                                     table, title_suffix)
 
 KERNEL_WORDS = {"recurrent": "the recurrent form", "chunked": "the chunked form", "quadratic": "the quadratic form",
                 "sdpa": "SDPA's causal attention", "state_step": "the state step", "kv_cache_step": "the KV cache step"}
@@ -26,16 +27,6 @@ def across(rows, key, header, label):
     lines = [[f"`{kernel}`", *(cell(cells[value]) if value in cells else "" for value in values)]
              for kernel, cells in by_kernel.items()]
     return table([label, *(f"{header} {value:,}" for value in values)], lines, "l" + "r" * len(values))
-
-
-def faster_from(rows, fast, slow):
-    """The shortest measured length from which `fast`'s median is below `slow`'s at that length and every longer one
-    where both were measured (None where it never is), and the lengths where both were measured."""
-    pairs = nested(rows, "seq_len", "kernel")
-    both = sorted(T for T, pair in pairs.items() if core.usable(pair.get(fast)) and core.usable(pair.get(slow)))
-    from_ = [T for i, T in enumerate(both) if all(pairs[U][fast]["ms_median"] < pairs[U][slow]["ms_median"]
-                                                  for U in both[i:])]
-    return (from_[0] if from_ else None), both, pairs
 
 
 def crossover_sentence(rows, fast, slow, unit):

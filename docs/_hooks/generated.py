@@ -21,6 +21,8 @@ only if it has the form of its kind (`source_kind`); another is passed over with
 * `<!-- decision-table -->` (index.md): which class to use per use and device, read from the
   recorded results files (`attention.decision.decision_table`).
 * `<!-- registry-table -->` (api/registry.md): every registered name, its class, file and summary.
+* `<!-- kv-calculator-table -->`, `<!-- kv-calculator-data -->` (kv-calculator.md): each published model's cache at
+  common contexts, and the terms the calculator's JavaScript computes it from (`attention.report.kv_calculator`).
 * `<!-- output -->` (any page): the standard output of the page's ```python blocks above it, run in
   one namespace per page from the repository root (the tests run the same blocks the same way), shown
   as a text block: what a reader sees under a snippet is what it printed when the site was built.
@@ -291,4 +293,9 @@ def on_page_markdown(markdown, page, config, files):
                     .replace("<!-- decision-table -->", decision_table(root / "docs" / "results")))
     elif uri == "api/registry.md":
         markdown = markdown.replace("<!-- registry-table -->", registry_table())
+    elif uri == "kv-calculator.md":
+        from attention.report import kv_calculator
+
+        markdown = (markdown.replace("<!-- kv-calculator-table -->", kv_calculator.contexts_table())
+                    .replace("<!-- kv-calculator-data -->", kv_calculator.data_script()))
     return snippet_outputs(markdown, root, uri)
