@@ -156,7 +156,7 @@ rows = [(name, *(f"{kv_cache_bytes(name, n) / GiB:.2f}" for n in (4096, 32768, 1
 show_table("Cache of one sequence (GiB, bfloat16)", ["model", "4k", "32k", "128k"], rows)
 extra = kv_cache_bytes("DeepSeek-V3.2", 131072) / kv_cache_bytes("DeepSeek-V3", 131072) - 1
 show_markdown(f"The indexer's keys make DeepSeek-V3.2's cache {extra:.0%} larger than DeepSeek-V3's (DeepSeek's own "
-              "kernels keep them in FP8, a quarter of that); what it saves is reading: each new token's attention "
+              "kernels keep them in FP8, half of that); what it saves is reading: each new token's attention "
               "reads the latents of 2,048 positions, however long the context.")
 
 # %% [markdown]

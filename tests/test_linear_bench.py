@@ -120,7 +120,8 @@ def test_the_sentences_say_where_each_kernel_wins_from_the_rows(result):
     assert "faster than SDPA's causal attention at no length measured" in report.linear.summary(timed)
     assert report.linear.summary({"linear": {"rows": []}}) == ""
     page = report.linear.page(result, {})
-    assert "Every prompt length, each form and SDPA" in page and "The chunk size" in page
+    assert "Every crossover, every prompt length, each chunk size, a decode step" in page
+    assert "| kernel | chunk 8 | chunk 16 |" in page and page.startswith("The chunked form is faster than SDPA")
     assert set(report.linear.charts(result)) == {"prefill"}
 
 

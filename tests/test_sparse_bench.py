@@ -118,7 +118,7 @@ def test_the_sentences_say_where_each_kernel_wins_from_the_rows(result):
     assert "faster than dense attention through SDPA at no length measured" in report.sparse.summary(timed)
     assert report.sparse.summary({"sparse": {"rows": []}}) == ""
     page = report.sparse.page(result, {})
-    assert "Every prompt length and every cached context, each kernel" in page and "(charts)" not in page
+    assert "Every crossover, the indexer's share, every row" in page and "(charts)" not in page
     assert set(report.sparse.charts(result)) == {"prefill", "decode"}
     section = report.sparse.sparse_section("docs/results/sparse/x.json", result)
     assert "| T (prompt) | gather ms | indexer ms | mask ms | absorbed ms | sdpa ms |" in section

@@ -92,7 +92,7 @@ def data_script():
 
 def contexts_table(dtype=torch.bfloat16):
     """Markdown: each published model's cache for one sequence at the common contexts, in GiB, from `kv_cache_bytes`."""
-    header = "| Model | " + " | ".join(f"{n // 1024:,}k" for n in CONTEXTS) + " |"
+    header = "| Model | " + " | ".join(f"{n // 2**20}M" if n >= 2**20 else f"{n // 1024}k" for n in CONTEXTS) + " |"
     lines = [header, "|---|" + "---:|" * len(CONTEXTS)]
     for name, entry in published_entries().items():
         cells = [f"{kv_cache_bytes(name, n, dtype=dtype) / 2**30:.2f}" for n in CONTEXTS]

@@ -115,14 +115,18 @@ def tables(result):
 
 
 def page(result, images, path=None):
-    lead = (f"The attention core alone, {shape(result)}, each row checked against the rule's float64 definition first"
-            + (f", from {run_line(path, result)}" if path else "") + f"; {CELLS}.")
-    return "\n\n".join([lead, summary(result),
-                        *(collapsed("Time against prompt length (chart)", image) for image in images.values()),
-                        collapsed("Every prompt length, each form and SDPA", across(part_rows(result, "prefill"),
-                                                                                    "seq_len", "T", "kernel")),
-                        collapsed("The chunk size", across(part_rows(result, "chunk"), "chunk_size", "chunk", "kernel")),
-                        collapsed("A decode step: the state against the KV cache", decode_table(result))])
+    """The Benchmarks page's section: where the chunked form overtakes SDPA, in words; the rest (every crossover, every
+    row) collapsed."""
+    prefill = part_rows(result, "prefill")
+    lead = crossover_sentence(prefill, "chunked", "sdpa", "token")  # the others in `summary`, collapsed below
+    details = (f"The attention core alone, {shape(result)}, each row checked against the rule's float64 definition first"
+               + (f", from {run_line(path, result)}" if path else "") + f"; {CELLS}.\n\n" + summary(result))
+    return "\n\n".join([lead, *(collapsed("Time against prompt length (chart)", image) for image in images.values()),
+                        collapsed("Every crossover, every prompt length, each chunk size, a decode step: the state "
+                                  "against the KV cache",
+                                  "\n\n".join([details, across(prefill, "seq_len", "T", "kernel"),
+                                                across(part_rows(result, "chunk"), "chunk_size", "chunk", "kernel"),
+                                                decode_table(result)]))])
 
 
 def times_table(result):

@@ -139,14 +139,18 @@ def tables(result):
 
 
 def page(result, images, path=None):
-    lead = (f"One DeepSeek-V3.2 layer's attention after its projections, {shape(result)}, each row checked against "
-            "float64 first" + (f", from {run_line(path, result)}" if path else "") + f"; {CELLS}.")
+    """The Benchmarks page's section: where the gather form overtakes dense attention, prefill and decode, in words;
+    the rest (the indexer's share, the mask form, every row) collapsed."""
+    prefill, decode = part_rows(result, "prefill"), part_rows(result, "decode")
+    lead = " ".join(part for part in (crossover_sentence(prefill, "gather", "sdpa", UNITS["prefill"]),
+                                      crossover_sentence(decode, "gather", "absorbed", UNITS["decode"])) if part)
     charts = "\n\n".join(images.values())
-    return "\n\n".join([lead, summary(result),
-                        *([collapsed("Time against prompt length and against context (charts)", charts)] if charts else []),
-                        collapsed("Every prompt length and every cached context, each kernel",
-                                  across(part_rows(result, "prefill"), "prefill") + "\n\n"
-                                  + across(part_rows(result, "decode"), "decode"))])
+    details = (f"One DeepSeek-V3.2 layer's attention after its projections, {shape(result)}, each row checked against "
+               "float64 first" + (f", from {run_line(path, result)}" if path else "") + f"; {CELLS}.\n\n"
+               + summary(result) + "\n\n" + across(prefill, "prefill") + "\n\n" + across(decode, "decode"))
+    return "\n\n".join([lead, *([collapsed("Time against prompt length and against context (charts)", charts)]
+                                 if charts else []),
+                        collapsed("Every crossover, the indexer's share, every row", details)])
 
 
 def sparse_section(path, result):
