@@ -142,10 +142,8 @@ torch.testing.assert_close(right, expected, atol=2e-5, rtol=1e-4)
 torch.testing.assert_close(via_bias, expected, atol=2e-5, rtol=1e-4)
 
 # %% [markdown]
-# One query is the extreme case: with `is_causal=True` a single new token would attend to key 0
-# only, since the top-left mask of a `(1, S)` score row keeps its first entry. That is why the
-# module passes no mask at all for one query (it attends to every cached key) and `is_causal=False`
-# whenever a cache is in play.
+# With `is_causal=True` one new token would attend to key 0 only (the top-left mask of a `(1, S)` row keeps
+# its first entry): the module passes no mask for one query and never `is_causal=True` over a cache.
 
 # %%
 with torch.no_grad():
@@ -174,11 +172,10 @@ print(f"cache.length after the refused call: {small.length}; keys unchanged: {to
 # %% [markdown]
 # ## Pitfall 3: a cache that must stay bounded
 #
-# A full cache grows with the sequence. Models trained with a sliding window (Mistral 7B's 4,096
-# keys; [sliding_window](../masks/) on the masks page) only ever attend to the last `w` positions,
-# so their cache can be a **ring buffer** of `w` slots: position `p` goes to slot `p mod w`,
-# overwriting the position that just left the window. Models also keep the first few tokens for
-# good, **attention sinks** (below): they sit in slots of their own, before the ring.
+# Models trained with a sliding window (Mistral 7B's 4,096 keys; [sliding_window](../masks/)) attend to
+# the last `w` positions only, so their cache can be a **ring buffer** of `w` slots: position `p` goes to
+# slot `p mod w`, over the position that just left the window. **Attention sinks** (below), the first few
+# tokens kept for good, sit in slots of their own, before the ring.
 #
 # ![A sliding-window cache with attention sinks: 2 sink slots keep positions 0 and 1 for good, 4
 # ring slots keep the last 4 positions; token 12 goes to slot 2 + (12 - 2) mod 4 = 4 and evicts
@@ -281,27 +278,21 @@ for label, kv in (("MHA", 8), ("GQA", 2), ("MQA", 1)):
 # %% [markdown]
 # ## Decode speed, measured
 #
-# A decode step projects one token, then reads the whole cache to attend over it. With one query
-# head per K/V head (MHA), every cached number it reads feeds about two floating-point operations,
-# far fewer than a device can do in the time it takes to read the number: the step waits on memory,
-# and its ceiling is the rate at which the device reads memory, not its matmul rate. Where a K/V
-# head serves a group of query heads, each number feeds `2 * group` operations.
-#
-# SDPA's CPU kernel splits its work over batch, query heads and blocks of queries, and with
-# `enable_gqa=True` streams each K/V head once per query head of its group. The grouped matmuls put
-# a K/V head's whole group of queries in one product, so each cached key leaves memory once for all
-# the queries that need it:
+# A decode step reads the whole cache for one token: with one query head per K/V head (MHA) each
+# cached number feeds about two floating-point operations (`2 * group` where a K/V head serves a
+# group), so the step waits on memory, not on the matmul rate. SDPA's CPU kernel with
+# `enable_gqa=True` streams each K/V head once per query head of its group; the grouped matmuls put
+# a K/V head's whole group of queries in one product, so each cached key leaves memory once:
 
 # %% tags=["hide-input"]
 show_source(grouped_decode_attention)
 
 # %% [markdown]
-# The benchmark's decode profile times one checked step of one attention layer of 32 query heads of
-# 128 with 32 (MHA), 4 (GQA) and 1 (MQA) K/V heads, through SDPA and through the grouped matmuls. Which
-# is faster depends on the CPU, so the default, `decode_kernel="auto"`, times both on its first step
-# of each shape and keeps the faster for the process (`ATTENTION_TUNING=off`: no timing). Tokens per
-# second are for this one layer; a model runs every layer per token. The recorded run, read by
-# `attention.report.decode`, then what `auto` chose on each machine with a recorded run:
+# The decode profile times one checked step of a layer of 32 query heads of 128 with 32 (MHA), 4 (GQA)
+# and 1 (MQA) K/V heads, through SDPA and the grouped matmuls. Which is faster depends on the CPU, so
+# `decode_kernel="auto"` times both on its first step of each shape and keeps the faster for the
+# process (`ATTENTION_TUNING=off`: no timing). Tokens per second are for one layer. The recorded run
+# (`attention.report.decode`), then what `auto` chose on each machine with a recorded run:
 
 # %%
 from attention.report.decode import cache_section, choice_section
