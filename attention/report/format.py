@@ -42,6 +42,22 @@ def faster_from(rows, fast, slow):
     return (from_[0] if from_ else None), both, pairs
 
 
+def crossover_sentence(rows, fast, slow, unit, words):
+    """Where kernel `fast` overtakes `slow` (rows keyed by `seq_len` and `kernel`; `words` names each kernel), in
+    words, from the measured rows; "" where they share no length."""
+    found, both, pairs = faster_from(rows, fast, slow)
+    if not both:
+        return ""
+    last = pairs[both[-1]]
+    ratio = last[slow]["ms_median"] / last[fast]["ms_median"]
+    where = ("at every length measured" if found == both[0] else
+             f"from {found:,} {unit}s on" if found is not None else "at no length measured")
+    name = words[fast]
+    return (f"{name[0].upper() + name[1:]} is faster than {words[slow]} {where} (of {both[0]:,} to {both[-1]:,} "
+            f"{unit}s); at {both[-1]:,} it takes {number(last[fast]['ms_median'])} ms against "
+            f"{number(last[slow]['ms_median'])} ms ({ratio:.2f}x).")
+
+
 def mebibytes(value):
     return "—" if value is None else f"{value / 2**20:,.1f}"
 

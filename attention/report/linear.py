@@ -4,8 +4,8 @@ decode step over a state against one over a KV cache, with the crossovers in wor
 
 from attention.bench import core
 from attention.bench.sweeps.linear import DECODE_KERNELS, NAME, PREFILL_KERNELS
-from attention.report.format import (collapsed, faster_from, mebibytes, nested, number, percent, run_line, status_cell,
-                                     table, title_suffix)
+from attention.report.format import (collapsed, crossover_sentence, mebibytes, nested, number, percent, run_line,
+                                     status_cell, table, title_suffix)
 
 KERNEL_WORDS = {"recurrent": "the recurrent form", "chunked": "the chunked form", "quadratic": "the quadratic form",
                 "sdpa": "SDPA's causal attention", "state_step": "the state step", "kv_cache_step": "the KV cache step"}
@@ -27,20 +27,6 @@ def across(rows, key, header, label):
     lines = [[f"`{kernel}`", *(cell(cells[value]) if value in cells else "" for value in values)]
              for kernel, cells in by_kernel.items()]
     return table([label, *(f"{header} {value:,}" for value in values)], lines, "l" + "r" * len(values))
-
-
-def crossover_sentence(rows, fast, slow, unit):
-    """Where `fast` overtakes `slow`, in words, from the measured rows; "" where they share no length."""
-    found, both, pairs = faster_from(rows, fast, slow)
-    if not both:
-        return ""
-    last = pairs[both[-1]]
-    ratio = last[slow]["ms_median"] / last[fast]["ms_median"]
-    where = ("at every length measured" if found == both[0] else
-             f"from {found:,} {unit}s on" if found is not None else "at no length measured")
-    return (f"{KERNEL_WORDS[fast].capitalize()} is faster than {KERNEL_WORDS[slow]} {where} (of "
-            f"{both[0]:,} to {both[-1]:,} {unit}s); at {both[-1]:,} it takes {number(last[fast]['ms_median'])} ms "
-            f"against {number(last[slow]['ms_median'])} ms ({ratio:.2f}x).")
 
 
 def chunk_sentence(result):
@@ -72,10 +58,10 @@ def summary(result):
     """The crossovers, in words, each from the run's own rows."""
     prefill, decode = part_rows(result, "prefill"), part_rows(result, "decode")
     return " ".join(part for part in (
-        crossover_sentence(prefill, "chunked", "sdpa", "token"),
-        crossover_sentence(prefill, "chunked", "recurrent", "token"),
+        crossover_sentence(prefill, "chunked", "sdpa", "token", KERNEL_WORDS),
+        crossover_sentence(prefill, "chunked", "recurrent", "token", KERNEL_WORDS),
         chunk_sentence(result),
-        crossover_sentence(decode, "state_step", "kv_cache_step", "cached position")) if part)
+        crossover_sentence(decode, "state_step", "kv_cache_step", "cached position", KERNEL_WORDS)) if part)
 
 
 def plot_prefill(result):
@@ -118,7 +104,7 @@ def page(result, images, path=None):
     """The Benchmarks page's section: where the chunked form overtakes SDPA, in words; the rest (every crossover, every
     row) collapsed."""
     prefill = part_rows(result, "prefill")
-    lead = crossover_sentence(prefill, "chunked", "sdpa", "token")  # the others in `summary`, collapsed below
+    lead = crossover_sentence(prefill, "chunked", "sdpa", "token", KERNEL_WORDS)  # the others: `summary`, collapsed
     details = (f"The attention core alone, {shape(result)}, each row checked against the rule's float64 definition first"
                + (f", from {run_line(path, result)}" if path else "") + f"; {CELLS}.\n\n" + summary(result))
     return "\n\n".join([lead, *(collapsed("Time against prompt length (chart)", image) for image in images.values()),

@@ -4,8 +4,8 @@ length and by cached context, the indexer's share of its time, and the crossover
 
 from attention.bench import core
 from attention.bench.sweeps.sparse import KERNELS, NAME
-from attention.report.format import (collapsed, faster_from, mebibytes, nested, number, percent, run_line, status_cell,
-                                     table, title_suffix)
+from attention.report.format import (collapsed, crossover_sentence, mebibytes, nested, number, percent, run_line,
+                                     status_cell, table, title_suffix)
 
 KERNEL_WORDS = {"gather": "DSA's gather form", "indexer": "the indexer alone", "mask": "DSA as a mask",
                 "absorbed": "dense attention on the absorbed path", "sdpa": "dense attention through SDPA"}
@@ -14,21 +14,6 @@ UNITS = {"prefill": "token", "decode": "cached position"}
 
 def part_rows(result, part):
     return [row for row in (result.get(NAME) or {}).get("rows", []) if row["part"] == part]
-
-
-def crossover_sentence(rows, fast, slow, unit):
-    """Where `fast` overtakes `slow`, in words, from the measured rows; "" where they share no length."""
-    found, both, pairs = faster_from(rows, fast, slow)
-    if not both:
-        return ""
-    last = pairs[both[-1]]
-    ratio = last[slow]["ms_median"] / last[fast]["ms_median"]
-    where = ("at every length measured" if found == both[0] else
-             f"from {found:,} {unit}s on" if found is not None else "at no length measured")
-    words = KERNEL_WORDS[fast]
-    return (f"{words[0].upper() + words[1:]} is faster than {KERNEL_WORDS[slow]} {where} (of {both[0]:,} to "
-            f"{both[-1]:,} {unit}s); at {both[-1]:,} it takes {number(last[fast]['ms_median'])} ms against "
-            f"{number(last[slow]['ms_median'])} ms ({ratio:.2f}x).")
 
 
 def indexer_sentence(rows, unit):
@@ -59,11 +44,11 @@ def summary(result):
     """The crossovers and the indexer's share, in words, each from the run's own rows."""
     prefill, decode = part_rows(result, "prefill"), part_rows(result, "decode")
     return " ".join(part for part in (
-        crossover_sentence(prefill, "gather", "sdpa", UNITS["prefill"]),
+        crossover_sentence(prefill, "gather", "sdpa", UNITS["prefill"], KERNEL_WORDS),
         indexer_sentence(prefill, UNITS["prefill"]),
         mask_sentence(prefill),
-        crossover_sentence(decode, "gather", "absorbed", UNITS["decode"]),
-        crossover_sentence(decode, "gather", "sdpa", UNITS["decode"]),
+        crossover_sentence(decode, "gather", "absorbed", UNITS["decode"], KERNEL_WORDS),
+        crossover_sentence(decode, "gather", "sdpa", UNITS["decode"], KERNEL_WORDS),
         indexer_sentence(decode, UNITS["decode"])) if part)
 
 
@@ -142,8 +127,9 @@ def page(result, images, path=None):
     """The Benchmarks page's section: where the gather form overtakes dense attention, prefill and decode, in words;
     the rest (the indexer's share, the mask form, every row) collapsed."""
     prefill, decode = part_rows(result, "prefill"), part_rows(result, "decode")
-    lead = " ".join(part for part in (crossover_sentence(prefill, "gather", "sdpa", UNITS["prefill"]),
-                                      crossover_sentence(decode, "gather", "absorbed", UNITS["decode"])) if part)
+    lead = " ".join(part for part in (
+        crossover_sentence(prefill, "gather", "sdpa", UNITS["prefill"], KERNEL_WORDS),
+        crossover_sentence(decode, "gather", "absorbed", UNITS["decode"], KERNEL_WORDS)) if part)
     charts = "\n\n".join(images.values())
     details = (f"One DeepSeek-V3.2 layer's attention after its projections, {shape(result)}, each row checked against "
                "float64 first" + (f", from {run_line(path, result)}" if path else "") + f"; {CELLS}.\n\n"
