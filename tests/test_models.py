@@ -22,7 +22,7 @@ import torch
 
 import attention.decoding.kernels as kernels
 from attention.decoding import AUTO_MATMUL_MAX_TOKENS, KVCache, SlidingWindowKVCache
-from attention.models import MODELS, ModelAttention
+from attention.models import MODELS, ModelAttention, published
 from attention.models.llama import rotary_cos_sin
 from attention.reference import model_reference_kwargs, reference_model_attention
 from tests.helpers import requires_cuda, tolerance
@@ -680,18 +680,16 @@ def test_sinks_scale_the_sinkless_output_by_a_sigmoid_of_the_log_sum_exp():
 HF_CLASSES = {"llama": ("llama", "Llama"), "mistral": ("mistral", "Mistral"), "qwen2": ("qwen2", "Qwen2"),
               "qwen3": ("qwen3", "Qwen3"), "olmo2": ("olmo2", "Olmo2"), "gemma2": ("gemma2", "Gemma2"),
               "gemma3_text": ("gemma3", "Gemma3"), "gpt_oss": ("gpt_oss", "GptOss"),
-              "llama4_text": ("llama4", "Llama4Text")}
+              "llama4_text": ("llama4", "Llama4Text"), "gemma4_text": ("gemma4", "Gemma4Text")}
 
 
-@pytest.mark.parametrize("model", sorted(__import__("attention.models.published", fromlist=["PUBLISHED"]).PUBLISHED))
+@pytest.mark.parametrize("model", sorted(published.PUBLISHED | published.PUBLISHED_ECONOMIES))
 def test_a_published_config_builds_every_layer_as_transformers_reads_it(model):
     """Every layer, from the published config.json's fields: the same kind, window, scale, RoPE frequencies and
     parameter shapes as transformers' own layer and rotary embedding built from them (on the meta device)."""
     import importlib
 
-    from attention.models.published import PUBLISHED
-
-    fields = PUBLISHED[model]["config"]
+    fields = (published.PUBLISHED | published.PUBLISHED_ECONOMIES)[model]["config"]
     transformers = hf()
     hf_config = transformers.AutoConfig.for_model(**fields)
     package, prefix = HF_CLASSES[fields["model_type"]]
@@ -711,6 +709,8 @@ def test_a_published_config_builds_every_layer_as_transformers_reads_it(model):
         expected_chunk = hf_config.attention_chunk_size if expected_type == "chunked_attention" else None
         assert getattr(ours, "attention_chunk_size", None) == getattr(from_hf, "attention_chunk_size", None) == expected_chunk
         assert ours.scaling == from_hf.scaling == theirs.scaling
+        expected_sharing = hf_config.kv_sharing_modes[layer_idx] if hasattr(hf_config, "kv_sharing_modes") else None
+        assert getattr(ours, "kv_sharing", None) == getattr(from_hf, "kv_sharing", None) == expected_sharing  # Gemma 4
         assert {n: t.shape for n, t in ours.state_dict().items()} == {n: t.shape for n, t in theirs.state_dict().items()}
         if ours.inv_freq is None:  # Llama 4's NoPE layers
             assert from_hf.inv_freq is None and not theirs.use_rope
@@ -764,8 +764,11 @@ def test_kv_cache_bytes_equals_the_caches_each_layer_allocates(dtype):
             for layer in layers:
                 with torch.device("meta"):
                     cache = layer.new_cache(3, context)
-                assert cache.nbytes == 3 * layer_cache_bytes(layer, context, dtype), (name, layer.layer_idx, context)
-                allocated += cache.nbytes
+                reuses = getattr(layer, "kv_sharing", None) == "reuse"  # Gemma 4's last layers: an earlier one's K/V
+                assert (cache is None) == reuses, (name, layer.layer_idx)
+                nbytes = 0 if reuses else cache.nbytes
+                assert nbytes == 3 * layer_cache_bytes(layer, context, dtype), (name, layer.layer_idx, context)
+                allocated += nbytes
             if context in (129, 2**20):  # the whole model's count (each call builds the layers again)
                 assert kv_cache_bytes(name, context, batch_size=3, dtype=dtype) == allocated, (name, context)
 
@@ -790,6 +793,19 @@ def test_kv_cache_bytes_of_latent_models_by_hand():
     assert kv_cache_bytes("DeepSeek-V3", 4096) == 61 * (512 + 64) * 2 * 4096
     assert kv_cache_bytes("DeepSeek-V3.2", 4096, batch_size=2) == 2 * 61 * (512 + 64 + 128) * 2 * 4096
     assert kv_cache_bytes("DeepSeek-V2-Lite", 100, dtype=torch.float32) == 27 * (512 + 64) * 4 * 100
+
+
+def test_kv_cache_bytes_of_gemma_4_by_hand():
+    """Gemma 4 31B: 50 local layers of 16 K/V heads of 256 (a window of 1,024) and 10 global ones of 4 heads of 512,
+    K = V but both kept; E2B: only its first 15 layers keep a cache (12 local of one head of 256, window 512, and 3
+    global of one head of 512), the other 20 reuse theirs."""
+    from attention.models.published import kv_cache_bytes
+
+    for context in (1000, 4096, 2**20):
+        assert kv_cache_bytes("Gemma 4 31B", context) == (50 * 2 * 16 * 256 * 2 * min(context, 1024)
+                                                          + 10 * 2 * 4 * 512 * 2 * context)
+        assert kv_cache_bytes("Gemma 4 E2B", context) == (12 * 2 * 1 * 256 * 2 * min(context, 512)
+                                                          + 3 * 2 * 1 * 512 * 2 * context)
 
 
 def test_kv_cache_bytes_names_bad_arguments():

@@ -91,6 +91,7 @@ from attention.models.deepseek_v3 import DeepseekV3Attention  # noqa: E402
 from attention.models.deepseek_v32 import DeepseekV32Attention  # noqa: E402
 from attention.models.gemma2 import Gemma2Attention  # noqa: E402
 from attention.models.gemma3 import Gemma3Attention  # noqa: E402
+from attention.models.gemma4 import Gemma4Attention  # noqa: E402
 from attention.models.gpt_oss import GptOssAttention  # noqa: E402
 from attention.models.kimi_linear import KimiLinearAttention  # noqa: E402
 from attention.models.llama import LlamaAttention  # noqa: E402
@@ -112,6 +113,8 @@ MODELS = Registry({
     "olmo2": Olmo2Attention,
     "gemma2": Gemma2Attention,
     "gemma3_text": Gemma3Attention,
+    # K = V on global layers, two head sizes, and (E2B, E4B) the last layers reusing earlier layers' K/V (`shared_kv`).
+    "gemma4_text": Gemma4Attention,
     "gpt_oss": GptOssAttention,
     "llama4_text": Llama4TextAttention,
     # Multi-head latent attention: DeepSeek-V2's layer is DeepSeek-V3's (its rotary pairs always interleaved), and

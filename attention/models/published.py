@@ -5,7 +5,8 @@ release, its `text_config`), reduced to the fields `attention.models` reads, und
 `MODELS[config["model_type"]].from_config(config, layer_idx)` builds any of its layers (on the `meta` device,
 without allocating a weight). Where a file leaves a field to transformers' default, the default is written out
 and marked `# default`. No network at build time: the values are typed here, each entry links its source.
-`PUBLISHED_HYBRIDS` holds the models whose linear attention layers keep a state instead of a KV cache,
+`PUBLISHED_ECONOMIES` holds the models whose caches save more than grouped K/V heads and windows do (Gemma 4),
+`PUBLISHED_HYBRIDS` the models whose linear attention layers keep a state instead of a KV cache,
 `PUBLISHED_LATENT` those with multi-head latent attention (DeepSeek-V2-Lite, V3 and Kimi K2 typed beside their layer,
 in `attention/models/deepseek_v3.py`; DeepSeek-V3.2's sparse attention here), and `kv_cache_bytes` counts any of
 their caches at a context.
@@ -17,6 +18,11 @@ from attention.models.deepseek_v3 import PUBLISHED_CONFIGS
 
 # gpt-oss lists its layer types; the others follow from a rule (see each family's file).
 _GPT_OSS_LAYER_TYPES = ["sliding_attention", "full_attention"]
+# Gemma 4 lists every layer's kind: 5 local per global (4 in the E2B), and the same RoPE in every size.
+_GEMMA4_LAYER_TYPES = ["sliding_attention"] * 5 + ["full_attention"]
+_GEMMA4_SMALL_LAYER_TYPES = ["sliding_attention"] * 4 + ["full_attention"]
+_GEMMA4_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}}
 
 PUBLISHED = {
     "Llama 3.1 8B": {
@@ -205,23 +211,71 @@ PUBLISHED_LATENT = {
 }
 
 
+# Caches smaller than GQA's with windows: Gemma 4 (`attention/models/gemma4.py`): K = V on global layers, two head
+# sizes, and in its E2B and E4B the last layers reusing earlier layers' K/V.
+PUBLISHED_ECONOMIES = {
+    # Local layers of `head_dim` 256, global ones of `global_head_dim` 512; the 26B and 31B have K = V and
+    # fewer K/V heads on their global layers, the E2B and E4B share K/V across their last 20 and 18 layers.
+    "Gemma 4 E2B": {
+        "source": "https://huggingface.co/google/gemma-4-E2B/blob/main/config.json",  # its text_config
+        "config": {
+            "model_type": "gemma4_text", "hidden_size": 1536, "num_hidden_layers": 35, "num_attention_heads": 8,
+            "num_key_value_heads": 1, "head_dim": 256, "global_head_dim": 512, "num_global_key_value_heads": None,
+            "attention_k_eq_v": False, "num_kv_shared_layers": 20, "sliding_window": 512,
+            "layer_types": _GEMMA4_SMALL_LAYER_TYPES * 7, "max_position_embeddings": 131072, "rms_norm_eps": 1e-06,
+            "rope_parameters": _GEMMA4_ROPE,
+        },
+    },
+    "Gemma 4 E4B": {
+        "source": "https://huggingface.co/google/gemma-4-E4B/blob/main/config.json",  # its text_config
+        "config": {
+            "model_type": "gemma4_text", "hidden_size": 2560, "num_hidden_layers": 42, "num_attention_heads": 8,
+            "num_key_value_heads": 2, "head_dim": 256, "global_head_dim": 512, "attention_k_eq_v": False,
+            "num_kv_shared_layers": 18, "sliding_window": 512, "layer_types": _GEMMA4_LAYER_TYPES * 7,
+            "max_position_embeddings": 131072, "rms_norm_eps": 1e-06, "rope_parameters": _GEMMA4_ROPE,
+        },
+    },
+    "Gemma 4 26B A4B": {
+        "source": "https://huggingface.co/google/gemma-4-26B-A4B/blob/main/config.json",  # its text_config
+        "config": {
+            "model_type": "gemma4_text", "hidden_size": 2816, "num_hidden_layers": 30, "num_attention_heads": 16,
+            "num_key_value_heads": 8, "head_dim": 256, "global_head_dim": 512, "num_global_key_value_heads": 2,
+            "attention_k_eq_v": True, "num_kv_shared_layers": 0, "sliding_window": 1024,
+            "layer_types": _GEMMA4_LAYER_TYPES * 5, "max_position_embeddings": 262144, "rms_norm_eps": 1e-06,
+            "rope_parameters": _GEMMA4_ROPE,
+        },
+    },
+    "Gemma 4 31B": {
+        "source": "https://huggingface.co/google/gemma-4-31B/blob/main/config.json",  # its text_config
+        "config": {
+            "model_type": "gemma4_text", "hidden_size": 5376, "num_hidden_layers": 60, "num_attention_heads": 32,
+            "num_key_value_heads": 16, "head_dim": 256, "global_head_dim": 512, "num_global_key_value_heads": 4,
+            "attention_k_eq_v": True, "num_kv_shared_layers": 0, "sliding_window": 1024,
+            "layer_types": _GEMMA4_LAYER_TYPES * 10, "max_position_embeddings": 262144, "rms_norm_eps": 1e-06,
+            "rope_parameters": _GEMMA4_ROPE,
+        },
+    },
+}
+
 def published_entries():
     """Every published model the calculator knows, `{name: {"source": url, "config": {...}}}`: `PUBLISHED`, then
-    `PUBLISHED_LATENT`, then `PUBLISHED_HYBRIDS`."""
-    return PUBLISHED | PUBLISHED_LATENT | PUBLISHED_HYBRIDS
+    `PUBLISHED_ECONOMIES`, `PUBLISHED_LATENT` and `PUBLISHED_HYBRIDS`."""
+    return PUBLISHED | PUBLISHED_ECONOMIES | PUBLISHED_LATENT | PUBLISHED_HYBRIDS
 
 
 def layer_cache_bytes(layer, context_length, dtype):
     """Bytes one sequence's cache of `layer` (an `attention.models` layer, e.g. built on the `meta` device) holds after
     `context_length` positions in `dtype`: a linear layer's recurrent state (float32 at least) and its convolution's
     last `kernel - 1` inputs, whatever the context; a latent layer's latent and shared rotary key per position (and
-    DeepSeek-V3.2's indexer key); a softmax layer's key and value per K/V head per position, at most its window's (or
+    DeepSeek-V3.2's indexer key); nothing for a layer that reuses an earlier layer's K/V (Gemma 4); a softmax layer's key and value per K/V head per position, at most its window's (or
     chunk's) positions."""
     size = dtype.itemsize
     if hasattr(layer, "state_shape"):
         heads, key_dim, value_dim = layer.state_shape
         convolution = getattr(layer, "conv_dim", 0) * (getattr(layer, "conv_kernel_size", 1) - 1)
         return heads * key_dim * value_dim * max(size, 4) + convolution * size  # the state: float32 at least
+    if getattr(layer, "kv_sharing", None) == "reuse":  # Gemma 4: it attends to an earlier layer's cache
+        return 0
     span = getattr(layer, "sliding_window", None) or getattr(layer, "attention_chunk_size", None)
     positions = min(context_length, span or context_length)
     if hasattr(layer, "kv_lora_rank"):  # DeepSeek-V3.2's indexer adds its key (DeepSeek's kernels keep it in FP8)

@@ -31,7 +31,8 @@ def layer_terms(layer):
     state = (fixed_one - conv) // 4
     longest = layer_cache_bytes(layer, PROBE, one) - fixed_one
     window = None if longest == per_position * PROBE else longest // per_position
-    terms = {"kind": layer.layer_type, "per_position": per_position, "window": window, "state": state, "conv": conv}
+    kind = layer.layer_type + (" (shared K/V)" if getattr(layer, "kv_sharing", None) == "reuse" else "")
+    terms = {"kind": kind, "per_position": per_position, "window": window, "state": state, "conv": conv}
     for context in (1, 3, 4097, PROBE):
         for dtype in DTYPES.values():
             if terms_bytes([terms | {"count": 1}], context, 1, dtype.itemsize) != layer_cache_bytes(layer, context, dtype):
@@ -71,7 +72,7 @@ def describe(group):
     if group["state"]:
         parts.append(f"a state of {group['state']:,} values (float32 at least)"
                      + (f" and {group['conv']:,} convolution inputs" if group["conv"] else ""))
-    return words + "; ".join(parts)
+    return words + ("; ".join(parts) or "no cache of their own (they read an earlier layer's)")
 
 
 def calculator_data():
