@@ -27,8 +27,8 @@ def test_the_terms_give_kv_cache_bytes_for_every_model(data):
 
 def test_groups_name_each_kind_of_layer(data):
     groups = {model["name"]: model["groups"] for model in data["models"]}
-    assert groups["DeepSeek-V3"] == [{"kind": "full_attention", "per_position": 576, "window": None, "state": 0,
-                                      "conv": 0, "count": 61}]
+    assert groups["DeepSeek-V3"] == [{"kind": "full_attention", "per_position": 576, "window": None, "per_entry": 0,
+                                      "rate": None, "state": 0, "fixed": 0, "count": 61}]
     assert groups["DeepSeek-V3.2"][0]["per_position"] == 576 + 128 and groups["DeepSeek-V3.2"][0]["kind"] == "indexed_attention"
     qwen3_next = groups["Qwen3-Next 80B-A3B"]
     linear = next(group for group in qwen3_next if group["kind"] == "linear_attention")
@@ -36,8 +36,16 @@ def test_groups_name_each_kind_of_layer(data):
     assert any(group["window"] == 128 for group in groups["gpt-oss-20b"])
     lines = {model["name"]: model["lines"] for model in data["models"]}
     assert lines["DeepSeek-V3"] == ["61 full_attention layers: 576 values per position"]
-    assert "36 linear_attention layers: a state of 524,288 values (float32 at least) and 24,576 convolution inputs" in \
-        lines["Qwen3-Next 80B-A3B"]
+    assert "36 linear_attention layers: a state of 524,288 values (float32 at least); 24,576 values whatever the " \
+           "context (the convolution's last inputs)" in lines["Qwen3-Next 80B-A3B"]
+    # DeepSeek-V4-Flash: a window of 128 K=V vectors of 512 on every layer; CSA adds an entry of 512 + 128 (the
+    # indexer's key) per 4 positions, HCA one of 512 per 128; Gemma 4 E2B's last 20 layers keep nothing
+    v4 = {group["kind"]: group for group in groups["DeepSeek-V4-Flash"]}
+    assert (v4["compressed_sparse_attention"]["per_entry"], v4["compressed_sparse_attention"]["rate"]) == (640, 4)
+    assert (v4["heavily_compressed_attention"]["per_entry"], v4["heavily_compressed_attention"]["rate"]) == (512, 128)
+    assert all((group["per_position"], group["window"]) == (512, 128) for group in v4.values())
+    assert "16 sliding_attention (shared K/V) layers: no cache of their own (they read an earlier layer's)" in \
+        lines["Gemma 4 E2B"]
 
 
 def test_the_data_block_is_json_that_cannot_close_its_script(monkeypatch):

@@ -680,7 +680,8 @@ def test_sinks_scale_the_sinkless_output_by_a_sigmoid_of_the_log_sum_exp():
 HF_CLASSES = {"llama": ("llama", "Llama"), "mistral": ("mistral", "Mistral"), "qwen2": ("qwen2", "Qwen2"),
               "qwen3": ("qwen3", "Qwen3"), "olmo2": ("olmo2", "Olmo2"), "gemma2": ("gemma2", "Gemma2"),
               "gemma3_text": ("gemma3", "Gemma3"), "gpt_oss": ("gpt_oss", "GptOss"),
-              "llama4_text": ("llama4", "Llama4Text"), "gemma4_text": ("gemma4", "Gemma4Text")}
+              "llama4_text": ("llama4", "Llama4Text"), "gemma4_text": ("gemma4", "Gemma4Text"),
+              "deepseek_v4": ("deepseek_v4", "DeepseekV4")}
 
 
 @pytest.mark.parametrize("model", sorted(published.PUBLISHED | published.PUBLISHED_ECONOMIES))
@@ -704,7 +705,9 @@ def test_a_published_config_builds_every_layer_as_transformers_reads_it(model):
         # transformers' Mistral has no layer_types: its window, where set, is on every layer.
         expected_type = hf_types[layer_idx] if hf_types else "sliding_attention" if hf_window else "full_attention"
         assert ours.layer_type == from_hf.layer_type == expected_type, layer_idx
-        expected_window = hf_window if expected_type == "sliding_attention" else None
+        # DeepSeek-V4: a window on every layer, its compressed entries beside it
+        expected_window = hf_window if expected_type == "sliding_attention" or fields["model_type"] == "deepseek_v4" \
+            else None
         assert ours.sliding_window == from_hf.sliding_window == expected_window, layer_idx
         expected_chunk = hf_config.attention_chunk_size if expected_type == "chunked_attention" else None
         assert getattr(ours, "attention_chunk_size", None) == getattr(from_hf, "attention_chunk_size", None) == expected_chunk
@@ -716,6 +719,8 @@ def test_a_published_config_builds_every_layer_as_transformers_reads_it(model):
             assert from_hf.inv_freq is None and not theirs.use_rope
             continue
         prefix_type = f"{ours.layer_type}_" if hasattr(rotary, f"{ours.layer_type}_inv_freq") else ""  # Gemma 3
+        if fields["model_type"] == "deepseek_v4":  # its RoPE kinds: "main" (sliding layers), "compress" (CSA, HCA)
+            prefix_type = "main_" if ours.layer_type == "sliding_attention" else "compress_"
         inv_freq = getattr(rotary, f"{prefix_type}inv_freq")
         torch.testing.assert_close(ours.inv_freq, from_hf.inv_freq, rtol=1e-12, atol=0)
         torch.testing.assert_close(ours.inv_freq.float(), inv_freq, rtol=2e-6, atol=0)  # transformers: float32

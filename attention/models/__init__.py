@@ -89,6 +89,7 @@ class Registry(dict):
 # The families import nothing from this file (each is copyable alone), so importing them here is no cycle.
 from attention.models.deepseek_v3 import DeepseekV3Attention  # noqa: E402
 from attention.models.deepseek_v32 import DeepseekV32Attention  # noqa: E402
+from attention.models.deepseek_v4 import DeepseekV4Attention  # noqa: E402
 from attention.models.gemma2 import Gemma2Attention  # noqa: E402
 from attention.models.gemma3 import Gemma3Attention  # noqa: E402
 from attention.models.gemma4 import Gemma4Attention  # noqa: E402
@@ -124,6 +125,8 @@ MODELS = Registry({
     "kimi_k2": DeepseekV3Attention,
     # DeepSeek sparse attention: MLA over the positions its lightning indexer picks (`sparse="gather"` or `"mask"`).
     "deepseek_v32": DeepseekV32Attention,
+    # One shared K=V head over a sliding window plus compressed entries: CSA (indexer top-k) or HCA (all), by layer.
+    "deepseek_v4": DeepseekV4Attention,
     # A hybrid: `from_config` builds its Kimi delta attention layers (KimiDeltaAttention) or its latent attention ones.
     "kimi_linear": KimiLinearAttention,
     # A hybrid: `from_config` builds its lightning attention layers (MiniMaxLightningAttention) or its softmax ones.

@@ -5,7 +5,8 @@ release, its `text_config`), reduced to the fields `attention.models` reads, und
 `MODELS[config["model_type"]].from_config(config, layer_idx)` builds any of its layers (on the `meta` device,
 without allocating a weight). Where a file leaves a field to transformers' default, the default is written out
 and marked `# default`. No network at build time: the values are typed here, each entry links its source.
-`PUBLISHED_ECONOMIES` holds the models whose caches save more than grouped K/V heads and windows do (Gemma 4),
+`PUBLISHED_ECONOMIES` holds the models whose caches save more than grouped K/V heads and windows do (Gemma 4,
+DeepSeek-V4),
 `PUBLISHED_HYBRIDS` the models whose linear attention layers keep a state instead of a KV cache,
 `PUBLISHED_LATENT` those with multi-head latent attention (DeepSeek-V2-Lite, V3 and Kimi K2 typed beside their layer,
 in `attention/models/deepseek_v3.py`; DeepSeek-V3.2's sparse attention here), and `kv_cache_bytes` counts any of
@@ -212,7 +213,8 @@ PUBLISHED_LATENT = {
 
 
 # Caches smaller than GQA's with windows: Gemma 4 (`attention/models/gemma4.py`): K = V on global layers, two head
-# sizes, and in its E2B and E4B the last layers reusing earlier layers' K/V.
+# sizes, and in its E2B and E4B the last layers reusing earlier layers' K/V; DeepSeek-V4 (`deepseek_v4.py`): one K=V
+# vector per position of a short window, plus one compressed entry per 4 (CSA) or 128 (HCA) positions.
 PUBLISHED_ECONOMIES = {
     # Local layers of `head_dim` 256, global ones of `global_head_dim` 512; the 26B and 31B have K = V and
     # fewer K/V heads on their global layers, the E2B and E4B share K/V across their last 20 and 18 layers.
@@ -255,7 +257,27 @@ PUBLISHED_ECONOMIES = {
             "rope_parameters": _GEMMA4_ROPE,
         },
     },
+    # transformers' DeepseekV4Config defaults are this model's (its docstring's checkpoint): marked `# default`.
+    "DeepSeek-V4-Flash": {
+        "source": "https://huggingface.co/deepseek-ai/DeepSeek-V4-Flash/blob/main/config.json",
+        "config": {
+            "model_type": "deepseek_v4", "hidden_size": 4096, "num_hidden_layers": 43, "num_attention_heads": 64,
+            "num_key_value_heads": 1, "head_dim": 512, "q_lora_rank": 1024, "o_lora_rank": 1024,
+            "qk_rope_head_dim": 64, "sliding_window": 128, "max_position_embeddings": 1048576, "rope_theta": 10000,
+            "rms_norm_eps": 1e-06,
+            "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536, "beta_fast": 32,
+                             "beta_slow": 1},
+            # one per layer and one for the next-token-prediction layer: 0 sliding only, 4 CSA, 128 HCA
+            "compress_ratios": [0, 0] + [4, 128] * 20 + [4, 0],
+            "o_groups": 8,  # default
+            "index_n_heads": 64,  # default
+            "index_head_dim": 128,  # default
+            "index_topk": 512,  # default
+            "compress_rope_theta": 160000.0,  # default
+        },
+    },
 }
+
 
 def published_entries():
     """Every published model the calculator knows, `{name: {"source": url, "config": {...}}}`: `PUBLISHED`, then
@@ -267,7 +289,8 @@ def layer_cache_bytes(layer, context_length, dtype):
     """Bytes one sequence's cache of `layer` (an `attention.models` layer, e.g. built on the `meta` device) holds after
     `context_length` positions in `dtype`: a linear layer's recurrent state (float32 at least) and its convolution's
     last `kernel - 1` inputs, whatever the context; a latent layer's latent and shared rotary key per position (and
-    DeepSeek-V3.2's indexer key); nothing for a layer that reuses an earlier layer's K/V (Gemma 4); a softmax layer's key and value per K/V head per position, at most its window's (or
+    DeepSeek-V3.2's indexer key); nothing for a layer that reuses an earlier layer's K/V (Gemma 4); DeepSeek-V4's window
+and compressed entries (`compressed_cache_values`); a softmax layer's key and value per K/V head per position, at most its window's (or
     chunk's) positions."""
     size = dtype.itemsize
     if hasattr(layer, "state_shape"):
@@ -276,12 +299,30 @@ def layer_cache_bytes(layer, context_length, dtype):
         return heads * key_dim * value_dim * max(size, 4) + convolution * size  # the state: float32 at least
     if getattr(layer, "kv_sharing", None) == "reuse":  # Gemma 4: it attends to an earlier layer's cache
         return 0
+    if hasattr(layer, "compress_rate"):  # DeepSeek-V4 (its DeepseekV4Cache)
+        return compressed_cache_values(layer, context_length) * size
     span = getattr(layer, "sliding_window", None) or getattr(layer, "attention_chunk_size", None)
     positions = min(context_length, span or context_length)
     if hasattr(layer, "kv_lora_rank"):  # DeepSeek-V3.2's indexer adds its key (DeepSeek's kernels keep it in FP8)
         index_keys = layer.indexer.head_dim if hasattr(layer, "indexer") else 0
         return (layer.kv_lora_rank + layer.qk_rope_head_dim + index_keys) * size * positions
     return 2 * layer.num_key_value_heads * layer.head_dim * size * positions
+
+
+def compressed_cache_values(layer, context_length):
+    """Values a DeepSeek-V4 layer's cache holds for one sequence after `context_length` positions: the window's shared
+    K=V vectors (`head_dim` each, at most `sliding_window`) and, on CSA and HCA layers, one entry per `compress_rate`
+    positions (`head_dim`, and on CSA the indexer's key of `index_head_dim`), with the compressors' projections of
+    the window still open (`kv_proj` and `gate_proj`, twice as wide where windows overlap: CSA) and, on CSA, the
+    last closed window's first half, which the next entry pools."""
+    total = min(context_length, layer.sliding_window) * layer.head_dim
+    if layer.compress_rate is None:
+        return total
+    rate, overlap = layer.compress_rate, layer.index_head_dim is not None  # CSA: overlapping windows, an indexer
+    for width in [layer.head_dim] + ([layer.index_head_dim] if overlap else []):
+        projection = 2 * width if overlap else width
+        total += (context_length // rate) * width + 2 * (rate - 1) * projection + (2 * rate * width if overlap else 0)
+    return total
 
 
 def published_layers(name):

@@ -2,11 +2,12 @@
 from `attention.models.published.layer_cache_bytes` (the one definition of what a layer keeps), so the page's
 JavaScript computes the same bytes as `kv_cache_bytes` at any context, batch and element type.
 
-A layer's cache after `n` positions in a dtype of `e` bytes is `per_position * e * min(n, window) + state * max(e, 4) +
-conv * e`: keys and values (or a latent, a rotary key and an indexer key) per position, up to a window where the layer
-is local; a linear layer's recurrent state (float32 at least) and its short convolution's last inputs. `layer_terms`
-reads the three numbers and the window off `layer_cache_bytes` at a few contexts and element sizes and checks that
-they reproduce it.
+A layer's cache after `n` positions in a dtype of `e` bytes is `per_position * e * min(n, window) + per_entry * e *
+floor(n / rate) + state * max(e, 4) + fixed * e`: keys and values (or a latent, a rotary key and an indexer key) per
+position, up to a window where the layer is local; one compressed entry per `rate` positions (DeepSeek-V4's CSA and
+HCA); a linear layer's recurrent state (float32 at least); and what a layer keeps whatever the context (a short
+convolution's last inputs, a compressor's open window). `layer_terms` reads the numbers off `layer_cache_bytes` at a
+few contexts and element sizes and checks that they reproduce it.
 """
 
 import json
@@ -22,18 +23,23 @@ PROBE = 2**40  # a context longer than any window
 
 
 def layer_terms(layer):
-    """`{"kind", "per_position", "window", "state", "conv"}` of `layer`'s cache (see the module docstring)."""
+    """`{"kind", "per_position", "window", "per_entry", "rate", "state", "fixed"}` of `layer`'s cache (see the module
+    docstring)."""
     one, four = torch.float8_e4m3fn, torch.float32  # elements of 1 and 4 bytes
     per_position = layer_cache_bytes(layer, 2, one) - layer_cache_bytes(layer, 1, one)
-    fixed_one = layer_cache_bytes(layer, 1, one) - per_position  # state * 4 + conv * 1
-    fixed_four = layer_cache_bytes(layer, 1, four) - 4 * per_position  # state * 4 + conv * 4
-    conv = (fixed_four - fixed_one) // 3
-    state = (fixed_one - conv) // 4
-    longest = layer_cache_bytes(layer, PROBE, one) - fixed_one
+    fixed_one = layer_cache_bytes(layer, 1, one) - per_position  # state * 4 + fixed * 1
+    fixed_four = layer_cache_bytes(layer, 1, four) - 4 * per_position  # state * 4 + fixed * 4
+    fixed = (fixed_four - fixed_one) // 3
+    state = (fixed_one - fixed) // 4
+    rate = getattr(layer, "compress_rate", None)  # positions per compressed entry (read off the layer, then checked)
+    per_entry = 0 if rate is None else (layer_cache_bytes(layer, rate, one) - layer_cache_bytes(layer, rate - 1, one)
+                                        - per_position)
+    longest = layer_cache_bytes(layer, PROBE, one) - fixed_one - (0 if rate is None else per_entry * (PROBE // rate))
     window = None if longest == per_position * PROBE else longest // per_position
     kind = layer.layer_type + (" (shared K/V)" if getattr(layer, "kv_sharing", None) == "reuse" else "")
-    terms = {"kind": kind, "per_position": per_position, "window": window, "state": state, "conv": conv}
-    for context in (1, 3, 4097, PROBE):
+    terms = {"kind": kind, "per_position": per_position, "window": window, "per_entry": per_entry, "rate": rate,
+             "state": state, "fixed": fixed}
+    for context in (1, 3, 4097, 4099, 131075, PROBE):
         for dtype in DTYPES.values():
             if terms_bytes([terms | {"count": 1}], context, 1, dtype.itemsize) != layer_cache_bytes(layer, context, dtype):
                 raise ValueError(f"{type(layer).__name__} layer {layer.layer_idx}: its cache is not of the calculator's "
@@ -45,7 +51,9 @@ def terms_bytes(groups, context, batch, itemsize):
     """Bytes of `batch` sequences of `context` positions from `groups` (`model_groups`): the page's JavaScript, in
     Python."""
     return batch * sum(group["count"] * (group["per_position"] * itemsize * min(context, group["window"] or context)
-                                         + group["state"] * max(itemsize, 4) + group["conv"] * itemsize)
+                                         + (group["per_entry"] * itemsize * (context // group["rate"])
+                                            if group["rate"] else 0)
+                                         + group["state"] * max(itemsize, 4) + group["fixed"] * itemsize)
                        for group in groups)
 
 
@@ -69,9 +77,13 @@ def describe(group):
     if group["per_position"]:
         parts.append(f"{group['per_position']:,} values per position"
                      + (f", at most {group['window']:,} positions" if group["window"] else ""))
+    if group["per_entry"]:
+        parts.append(f"{group['per_entry']:,} values per compressed entry, one per {group['rate']:,} positions")
     if group["state"]:
-        parts.append(f"a state of {group['state']:,} values (float32 at least)"
-                     + (f" and {group['conv']:,} convolution inputs" if group["conv"] else ""))
+        parts.append(f"a state of {group['state']:,} values (float32 at least)")
+    if group["fixed"]:
+        parts.append(f"{group['fixed']:,} values whatever the context "
+                     + ("(the convolution's last inputs)" if group["state"] else "(the window being compressed)"))
     return words + ("; ".join(parts) or "no cache of their own (they read an earlier layer's)")
 
 

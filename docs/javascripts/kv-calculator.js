@@ -22,13 +22,16 @@
     dtype.add(new Option(name, name, name === "bfloat16", name === "bfloat16"));
   });
 
-  // One sequence's cache in bytes: per group, count * (per_position * e * min(n, window) + state * max(e, 4) + conv * e)
+  // One sequence's cache in bytes: per group, count * (per_position * e * min(n, window)
+  // + per_entry * e * floor(n / rate) + state * max(e, 4) + fixed * e)
   function sequenceBytes(groups, positions, itemsize) {
     const e = BigInt(itemsize), n = BigInt(positions), stateSize = BigInt(Math.max(itemsize, 4));
     let total = 0n;
     groups.forEach(function (g) {
       const kept = g.window === null ? n : (n < BigInt(g.window) ? n : BigInt(g.window));
-      total += BigInt(g.count) * (BigInt(g.per_position) * e * kept + BigInt(g.state) * stateSize + BigInt(g.conv) * e);
+      const entries = g.rate === null ? 0n : n / BigInt(g.rate);  // BigInt division floors
+      total += BigInt(g.count) * (BigInt(g.per_position) * e * kept + BigInt(g.per_entry) * e * entries
+                                  + BigInt(g.state) * stateSize + BigInt(g.fixed) * e);
     });
     return total;
   }
