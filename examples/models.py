@@ -10,7 +10,8 @@
 # the float64 reference, and measures what their KV caches and decode steps cost. Each family is a file of
 # `attention/models/` ([API](../../api/models/)), built from a model's configuration with transformers'
 # parameter names (a real checkpoint's layer loads unchanged; `tests/test_models.py` proves each equal to
-# transformers' own).
+# transformers' own). Gemma 4 and DeepSeek-V4, which change what the cache holds, have pages of their own:
+# [KV-cache economies](../kv_economies/) and [Sparse attention](../sparse_attention/).
 
 # %%
 import difflib

@@ -160,6 +160,101 @@ show_markdown(f"The indexer's keys make DeepSeek-V3.2's cache {extra:.0%} larger
               "reads the latents of 2,048 positions, however long the context.")
 
 # %% [markdown]
+# ## DeepSeek-V4: compress, then choose
+#
+# DeepSeek-V4 (`attention.models.deepseek_v4`, API: [`deepseek_v4`](../../api/models/deepseek_v4/)) keeps one
+# vector per position, read by every head as both key and value, but only for a sliding window of recent
+# positions. Past the window a query sees **compressed entries**, each pooling `m` positions with softmax
+# weights learned per feature. Its CSA layers (`m` = 4, windows overlapping) let an indexer choose
+# `index_topk` entries per query, as DSA chooses positions; its HCA layers (`m` = 128) attend to every entry.
+# The pooling of `m` positions into one entry:
+
+# %%
+from attention.models.deepseek_v4 import Compressor, entry_visible, rope_cos_sin, window_mask
+
+show_source(Compressor.pool)
+show_source(entry_visible)
+
+# %% [markdown]
+# Which positions a query reaches, in a tiny layer of each kind (a window of 6, CSA every 4 positions
+# keeping its 2 best entries, HCA every 8), each entry drawn over the `m` positions it closes:
+
+# %%
+import functools
+
+v4_config = {"model_type": "deepseek_v4", "hidden_size": 64, "num_attention_heads": 4, "head_dim": 32,
+             "q_lora_rank": 24, "o_groups": 2, "o_lora_rank": 16, "sliding_window": 6, "index_n_heads": 2,
+             "index_head_dim": 16, "index_topk": 2, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-6,
+             "rope_theta": 10000.0, "compress_rope_theta": 160000.0, "num_hidden_layers": 3,
+             "layer_types": ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
+             "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8}}
+T4 = 40
+x4 = torch.randn(1, T4, 64, dtype=torch.float64)
+positions = torch.arange(T4)
+reach = {}  # layer kind -> (T, T): 2 = attended itself (window), 1 = through an entry, 0 = not at all
+for layer_idx, kind in enumerate(v4_config["layer_types"]):
+    v4 = MODELS["deepseek_v4"].from_config(v4_config, layer_idx).to(torch.float64).eval()
+    seen = 2 * window_mask(positions, positions, v4.sliding_window).long()  # (T, T)
+    if v4.compressor is not None:
+        with torch.no_grad():
+            q_residual = v4.q_a_norm(v4.q_a_proj(x4))  # (B, T, q_lora_rank)
+            rope = functools.partial(rope_cos_sin, v4, like=x4)
+            _, visible = v4.compressor(x4, q_residual, positions, rope)  # (1, 1, T, N): entries whose window closed
+            if kind == "compressed_sparse_attention":
+                visible = visible & v4.compressor.indexer.chosen(x4, q_residual, positions, rope, None, v4.index_topk)
+        through_entry = visible[0, 0].repeat_interleave(v4.compress_rate, dim=-1)  # (T, N * m): entry -> its positions
+        seen[:, :through_entry.shape[1]] = torch.maximum(seen[:, :through_entry.shape[1]], through_entry.long())
+    reach[kind] = seen
+
+# %% tags=["hide-input"]
+from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+fig = Figure(figsize=(11, 4.2), layout="constrained")
+axes = fig.subplots(1, 3, sharey=True)
+for ax, (kind, seen) in zip(axes, reach.items()):
+    ax.imshow(seen, cmap=ListedColormap(["#f2f2f2", "#9ecae1", "#08519c"]), vmin=0, vmax=2)
+    ax.set(title=kind.replace("_", " "), xlabel="position (key)")
+axes[0].set_ylabel("query position")
+fig.legend(handles=[Patch(color="#08519c", label="attended itself (the window)"),
+                    Patch(color="#9ecae1", label="through a compressed entry")], loc="outside upper center", ncol=2)
+show(fig)
+
+# %% [markdown]
+# At DeepSeek-V4-Flash's sizes (a window of 128, CSA keeping 512 entries of 4 positions, HCA every 128),
+# the keys one query attends to, against dense attention's, from the layers built from its published
+# configuration:
+
+# %%
+from attention.models.published import published_layers
+
+flash = {layer.layer_type: layer for layer in published_layers("DeepSeek-V4-Flash")}
+
+
+def keys_per_query(layer, t):
+    """Keys the query at position t attends to: its window, and the entries it may see (CSA: at most index_topk)."""
+    window = min(t + 1, layer.sliding_window)
+    if layer.compress_rate is None:
+        return window
+    entries = (t + 1) // layer.compress_rate
+    return window + (min(entries, layer.index_topk) if layer.index_topk else entries)
+
+
+contexts = (4096, 131072, 1048576)
+show_table("Keys one query attends to, at its position",
+           ["layer", *(f"{t // 2**20}M" if t >= 2**20 else f"{t // 1024}k" for t in contexts)],
+           [[kind.replace("_", " "), *(f"{keys_per_query(layer, t - 1):,}" for t in contexts)]
+            for kind, layer in flash.items()] + [["dense attention", *(f"{t:,}" for t in contexts)]])
+
+# %% [markdown]
+# tests/test_deepseek_v4.py holds each kind of layer equal to transformers' `DeepseekV4Attention` (fed what
+# its tiny model feeds the layer, and while it decodes on its own cache), to a float64 reference composed
+# from `attention.reference`, and, decoding, to the full forward at every step. Like transformers, CSA here
+# scores every visible entry and masks the unchosen ones; what V4 saves in memory is on the
+# [KV economies](../kv_economies/) page.
+
+# %% [markdown]
 # ## Measured: where skipping pays on a CPU
 #
 # The benchmark's sparse profile times one DeepSeek-V3.2 layer's attention after its projections
