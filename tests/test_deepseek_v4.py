@@ -305,6 +305,15 @@ BAD_CONFIGS = [
     (dict(model_type="deepseek_v3"), ValueError, "model_type"),
     (dict(rope_parameters={"rope_type": "yarn", "factor": 4.0}), ValueError, "original_max_position_embeddings"),
     (dict(rope_parameters={"rope_type": "dynamo"}), ValueError, "dynamo"),
+    (dict(rms_norm_eps="1e-6"), TypeError, "rms_norm_eps must be a number"),
+    (dict(rms_norm_eps=-1.0), ValueError, "rms_norm_eps must be finite and >= 0"),
+    (dict(layer_types=None, compress_ratios=[0, 4]), ValueError, "compress_ratios must list one ratio per layer"),
+    (dict(layer_types=None, compress_ratios=[0, 8, 128]), ValueError, "compress_ratios holds 8"),
+    (dict(layer_types="sliding_attention"), TypeError, "layer_types must be a list"),
+    (dict(rope_parameters=[1]), TypeError, "rope_parameters must be a dict of RoPE fields"),
+    (dict(rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
+                           "original_max_position_embeddings": 16}), ValueError, "high_freq_factor must be at least"),
+    (dict(attention_dropout=0.1), ValueError, "attention_dropout must be 0.0"),
 ]
 
 
@@ -379,3 +388,45 @@ def test_cache_bytes(layer_type, sizes, capacity):
                         HCA: 128 * 512 + (1 << 20) // 128 * 512 + 2 * 127 * 512,
                         CSA: 128 * 512 + (1 << 20) // 4 * (512 + 128) + 2 * 3 * 2 * (512 + 128) + 2 * 4 * (512 + 128)}
         assert cache.nbytes == 2 * 2 * per_sequence[layer_type]
+
+
+def test_legacy_fields_and_other_rope_scalings_build_transformers_layers():
+    """A published config.json's `compress_ratios` (0, 4, 128 per layer, one more for the next-token layer) and its
+    legacy `compress_rate_csa` / `compress_rate_hca`, read as transformers does; the compress layers' Llama 3 and YaRN
+    (with mscale) frequencies equal `attention.reference`'s."""
+    config = {key: value for key, value in plain_config().items() if key != "layer_types"}
+    legacy = DeepseekV4Attention.from_config({**config, "compress_ratios": [0, 4, 128, 0], "compress_rate_csa": 2,
+                                              "compress_rate_hca": 4}, 1)
+    assert (legacy.layer_type, legacy.compress_rate) == (CSA, 2)
+    for scaling in ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 16},
+                    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "mscale": 1.0,
+                     "mscale_all_dim": 0.5}):
+        layer = DeepseekV4Attention.from_config(plain_config(rope_parameters=scaling), 2)  # HCA: the compress RoPE
+        expected, factor = rope_frequencies(layer.qk_rope_head_dim, {**scaling, "rope_theta": 160000.0,
+                                                                     "attention_factor": 1.0})
+        torch.testing.assert_close(layer.inv_freq, expected, **F64)
+        assert layer.attention_scaling == factor == 1.0
+
+
+def test_bad_input_caches_and_state_dicts_are_refused_naming_them():
+    module = build(SLIDING)
+    x = inputs(4, seed=3)
+    with pytest.raises(TypeError, match=r"x must be a torch.Tensor"):
+        module([[0.0]])
+    with pytest.raises(ValueError, match=r"x must have shape \(B, T > 0, hidden_size=32\)"):
+        module(x[..., :31])
+    with pytest.raises(ValueError, match=r"x.dtype=torch.float32 differs from the layer's dtype torch.float64"):
+        module(x.float())
+    with torch.no_grad():
+        with pytest.raises(TypeError, match=r"cache must come from the layer's new_cache\(\), got dict"):
+            module(x, cache={})
+        with pytest.raises(ValueError, match=r"x has batch size 2, the cache was made for batch_size=3"):
+            module(x, cache=module.new_cache(3, 8))
+        with pytest.raises(ValueError, match=r"cache is torch.float32 on cpu, x is torch.float64 on cpu"):
+            module(x, cache=DeepseekV4Attention.from_config(plain_config(), 0).new_cache(2, 8))
+    state = module.state_dict()
+    with pytest.raises(ValueError, match=r"missing keys \['sinks'\]"):
+        module.load_state_dict({k: v for k, v in state.items() if k != "sinks"})
+    with pytest.raises(ValueError, match=r"kv_proj.weight has shape \(8, 32\)"):
+        module.load_state_dict({**state, "kv_proj.weight": torch.zeros(8, 32)})

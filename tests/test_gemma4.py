@@ -312,3 +312,103 @@ def test_a_reusing_layer_needs_the_steps_shared_kv():
         layers[2](xs[2], shared_kv=shared_kv)
         with pytest.raises(ValueError, match=r"shared_kv holds K/V for batch 2 and 5 new tokens, x has shape \(2, 3, 32\)"):
             layers[4](xs[4][:, :3], shared_kv=shared_kv)
+
+
+def test_other_rope_types_on_local_layers_equal_the_references_frequencies():
+    """A config may give a layer kind any RoPE transformers knows: `gemma4_rope_frequencies` hands all but
+    "proportional" to the marked copy of llama.py's `rope_frequencies`, equal to `attention.reference`'s."""
+    for parameters in ({"rope_type": "linear", "rope_theta": 10000.0, "factor": 8.0},
+                       {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                        "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+                       {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16},
+                       {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+                        "mscale": 1.0, "mscale_all_dim": 0.5, "beta_fast": 16, "beta_slow": 2}):
+        layer = Gemma4Attention.from_config(plain_config("plain", rope_parameters={**ROPE, "sliding_attention": parameters}), 0)
+        expected, factor = rope_frequencies(8, parameters)
+        torch.testing.assert_close(layer.inv_freq, expected, **F64)
+        assert layer.attention_scaling == pytest.approx(factor)
+    with pytest.raises(ValueError, match=r"rope_type must be one of default, linear, llama3, yarn, got rope_type='ntk'"):
+        Gemma4Attention.from_config(plain_config("plain", rope_parameters={**ROPE, "sliding_attention": {
+            "rope_type": "ntk", "rope_theta": 10000.0}}), 0)
+    with pytest.raises(ValueError, match=r"config lacks the field 'factor', which rope_type='linear' reads"):
+        Gemma4Attention.from_config(plain_config("plain", rope_parameters={**ROPE, "sliding_attention": {
+            "rope_type": "linear", "rope_theta": 10000.0}}), 0)
+    with pytest.raises(ValueError, match=r"high_freq_factor must be at least low_freq_factor"):
+        Gemma4Attention.from_config(plain_config("plain", rope_parameters={**ROPE, "sliding_attention": {
+            "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
+            "original_max_position_embeddings": 16}}), 0)
+    with pytest.raises(ValueError, match=r"attention_factor must be finite and > 0, got attention_factor=0"):
+        Gemma4Attention.from_config(plain_config("plain", rope_parameters={**ROPE, "sliding_attention": {
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+            "attention_factor": 0}}), 0)
+    with pytest.raises(TypeError, match=r"rope_parameters\['sliding_attention'\] must be a dict"):
+        Gemma4Attention.from_config(plain_config("plain", rope_parameters={**ROPE, "sliding_attention": 10000.0}), 0)
+
+
+def test_a_per_layer_config_mapping_and_an_all_reusing_model():
+    """A saved per_layer_config (overrides by layer index, str keys as JSON writes them) sizes the layers as
+    global_head_dim would; with every layer reusing (transformers' assistant models) no layer has K/V weights."""
+    fields = {key: value for key, value in plain_config("plain").items() if key != "global_head_dim"}
+    layer = Gemma4Attention.from_config({**fields, "per_layer_config": {"1": {"head_dim": 16, "num_key_value_heads": 1}}}, 1)
+    assert (layer.head_dim, layer.num_key_value_heads) == (16, 1)
+    assert Gemma4Attention.from_config({**fields, "per_layer_config": {}}, 0).head_dim == 8
+    every = [Gemma4Attention.from_config(plain_config("plain", num_kv_shared_layers=6), i) for i in range(6)]
+    assert all(layer.kv_sharing == "reuse" and not hasattr(layer, "k_proj") for layer in every)
+
+
+def test_bad_input_caches_and_state_dicts_are_refused_naming_them():
+    layers = build_layers("k-eq-v-shared")
+    layer = layers[0]
+    x = inputs(5, seed=11)[0]
+    with pytest.raises(TypeError, match=r"x must be a torch.Tensor, got list"):
+        layer([[0.0]])
+    with pytest.raises(TypeError, match=r"x must be a floating-point tensor"):
+        layer(torch.zeros(2, 5, 32, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"x must have shape \(B, T > 0, hidden_size=32\)"):
+        layer(torch.zeros(2, 5, 31, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"x.dtype=torch.float32 differs from the layer's dtype torch.float64"):
+        layer(x.float())
+    with pytest.raises(ValueError, match=r"a KV cache is for inference"):
+        layer(x, cache=layer.new_cache(2, 8))
+    with torch.no_grad():
+        with pytest.raises(TypeError, match=r"cache must come from the layer's new_cache\(\), got dict"):
+            layer(x, cache={})
+        with pytest.raises(ValueError, match=r"cache was made by Gemma4Attention layer 2, not by this layer"):
+            layer(x, cache=layers[2].new_cache(2, 8))
+        with pytest.raises(ValueError, match=r"x has batch size 2, the cache was made for batch_size=3"):
+            layer(x, cache=layer.new_cache(3, 8))
+        with pytest.raises(ValueError, match=r"cache is torch.float32 on cpu, x is torch.float64 on cpu"):
+            layer(x, cache=Gemma4Attention.from_config(plain_config("k-eq-v-shared"), 0).new_cache(2, 8))
+        wide = layers[1].new_cache(2, 8)
+        wide.layer = ("Gemma4Attention", 0)
+        with pytest.raises(ValueError, match=r"cache holds 1 K/V heads of size 16, the layer has num_key_value_heads=2"):
+            layer(x, cache=wide)
+        long_window = layer.new_cache(2, 64)
+        long_window.window = 9
+        with pytest.raises(ValueError, match=r"cache keeps a window of 9 positions, the layer's is 4"):
+            layer(x, cache=long_window)
+        shared_kv = {}
+        layers[3](x, shared_kv=shared_kv)
+        shared_kv["sliding_attention"] = shared_kv["full_attention"]  # the global layer's K/V offered to a local one
+        with pytest.raises(ValueError, match=r"shared_kv holds 1 K/V heads of size 16, layer 4 has num_key_value_heads=2"):
+            layers[4](inputs(5, seed=12)[4], shared_kv=shared_kv)
+    state = layer.state_dict()
+    with pytest.raises(ValueError, match=r"missing keys \['q_proj.weight'\]"):
+        layer.load_state_dict({k: v for k, v in state.items() if k != "q_proj.weight"})
+    with pytest.raises(ValueError, match=r"k_proj.weight has shape \(8, 32\), the layer's is \(16, 32\)"):
+        layer.load_state_dict({**state, "k_proj.weight": torch.zeros(8, 32)})
+
+
+@pytest.mark.parametrize("fields, layer_idx, error, pattern", [
+    (dict(model_type="gemma3_text"), 0, ValueError, r"this class builds the layers of model_type gemma4_text"),
+    ({}, 6, ValueError, r"layer_idx must be an int in \[0, num_hidden_layers=6\), got layer_idx=6"),
+    (dict(attention_dropout=0.1), 0, ValueError, r"attention_dropout must be 0.0"),
+    (dict(rms_norm_eps=0), 0, ValueError, r"rms_norm_eps must be finite and > 0"),
+    (dict(layer_types="sliding_attention"), 0, TypeError, r"layer_types must be a list of layer kinds"),
+    (dict(layer_types=["sliding_attention"] * 5), 0, ValueError, r"layer_types must list one kind per layer"),
+    (dict(rope_parameters=[]), 0, TypeError, r"rope_parameters must be a dict of RoPE fields"),
+    (dict(sliding_window=0), 0, ValueError, r"sliding_window must be positive"),
+])
+def test_the_shared_checks_name_the_field(fields, layer_idx, error, pattern):
+    with pytest.raises(error, match=pattern):
+        Gemma4Attention.from_config(plain_config("plain", **fields), layer_idx)
