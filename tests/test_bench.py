@@ -1011,8 +1011,14 @@ def test_the_decode_summary_fits_a_column_the_cache_per_token_in_the_label():
     header, _, *lines = summary.splitlines()
     assert header == "| Model (K/V heads, cache) kernel | B=1, 16,384 | B=1, 32,768 | B=8, 16,384 | B=8, 32,768 |"
     gqa = report.decode.decode_best(run, "GQA", 1, 32768)
-    assert lines[1].startswith(f"| GQA (4 K/V, 4 KiB per token) `{gqa['kernel']}` |")
-    assert lines[1].split(" | ")[2] == f"{gqa['tokens_per_s']:,.0f} · {gqa['share_of_peak_bandwidth']:.0%}"
+    winners = {report.decode.decode_best(run, "GQA", b, c)["kernel"] for b in (1, 8) for c in (16384, 32768)}
+    figures = f"{gqa['tokens_per_s']:,.0f} · {gqa['share_of_peak_bandwidth']:.0%}"
+    if len(winners) == 1:  # one kernel fastest in the whole row: named once, in the label
+        assert lines[1].startswith(f"| GQA (4 K/V, 4 KiB per token) `{gqa['kernel']}` |")
+        assert lines[1].split(" | ")[2] == figures
+    else:  # each cell names its own
+        assert lines[1].startswith("| GQA (4 K/V, 4 KiB per token) |")
+        assert lines[1].split(" | ")[2] == f"{figures} `{gqa['kernel']}`"
 
 
 def test_recorded_durations_under_a_minute_are_seconds():
