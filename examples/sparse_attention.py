@@ -217,8 +217,8 @@ for ax, (kind, seen) in zip(axes, reach.items()):
     ax.imshow(seen, cmap=ListedColormap(["#f2f2f2", "#9ecae1", "#08519c"]), vmin=0, vmax=2)
     ax.set(title=kind.replace("_", " "), xlabel="position (key)")
 axes[0].set_ylabel("query position")
-fig.legend(handles=[Patch(color="#08519c", label="attended itself (the window)"),
-                    Patch(color="#9ecae1", label="through a compressed entry")], loc="outside upper center", ncol=2)
+axes[0].legend(handles=[Patch(color="#08519c", label="attended itself (the window)"),
+                        Patch(color="#9ecae1", label="through a compressed entry")], loc="upper right", fontsize=8)
 show(fig)
 
 # %% [markdown]
