@@ -3,7 +3,7 @@
 #
 # A decoder keeps, for every layer and every past position, what its attention will read again: a key and
 # a value per K/V head. At long contexts this cache, not the weights, decides how many sequences fit on a
-# device. Since 2019 each new design has kept less per position:
+# device. Since 2019 designs have found ways to keep less per position:
 #
 # | Economy | What a layer keeps per position | Seen in |
 # |---|---|---|
