@@ -67,6 +67,31 @@ def test_each_kernel_is_checked_against_the_reference_on_tokens():
             torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
 
 
+def test_sdpa_in_head_groups_equals_the_reference(monkeypatch):
+    """With a group size that splits the prompt's query heads unevenly (3 groups of 2 heads, then 1), SDPA's kernel
+    gives what the float64 reference gives, for the prompt and the last token."""
+    monkeypatch.setattr(sparse, "SDPA_GROUP_ELEMENTS", 2 * 20 * (512 + 64))  # 2 heads of a 20-token prompt
+    config = sparse.Config(**TINY | dict(num_heads=7)).resolve("cpu")
+    module = sparse.build(config, 5, "cpu", torch.float64)
+    x = torch.randn(1, 20, 256, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    for decoding in (False, True):
+        got, expected = sparse.checked("sdpa", module, x, decoding)
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_a_row_over_the_memory_budget_is_skipped_with_its_estimate():
+    """The estimate grows with the prompt as the absorbed queries and dense scores do; a row past the budget is
+    skipped, naming the bytes, before anything is allocated."""
+    peaks = {kernel: [sparse.row_peak_bytes(kernel, 1, 128, 64, T, T, 4) for T in (1024, 32768)]
+             for kernel in sparse.KERNELS}
+    assert all(short < long for short, long in peaks.values())
+    assert peaks["absorbed"][1] > 2**40 > peaks["gather"][1] > peaks["sdpa"][1] > peaks["indexer"][1]
+    rows = run_sparse(kernels=("absorbed", "gather"), parts=("prefill",), seq_lens=(24,),
+                      memory_budget_bytes=sparse.row_peak_bytes("gather", 1, 2, 16, 24, 24, 4) + 1)["sparse"]["rows"]
+    assert [(row["kernel"], row["status"]) for row in rows] == [("absorbed", "skipped"), ("gather", "ok")]
+    assert "exceeds the memory budget" in rows[0]["reason"]
+
+
 @pytest.mark.parametrize("field", ["flops", "tflops", "share_of_paired_matmul", "tokens_per_s", "memory_bytes"])
 def test_the_validator_recomputes_each_derived_number(result, field):
     tampered = copy.deepcopy(result)

@@ -11,7 +11,8 @@ the projections are left out (they cost the same whichever way the layer attends
   `mask_max_len`: its `(B, H, T, S)` scores);
 * `absorbed`: dense MLA on the absorbed path, the DeepSeek-V3 layer's own (its `(B, H, T, S)` scores in memory);
 * `sdpa`: dense MLA through SDPA's fused kernel: the absorbed query against the latent and rotary key, one K/V head
-  read by every query head, the values the keys' first `kv_lora_rank` features (as FlashMLA lays them out).
+  read by every query head, the values the keys' first `kv_lora_rank` features (as FlashMLA lays them out), the query
+  heads in groups (`SDPA_GROUP_ELEMENTS`) so that a long prompt's absorbed queries fit in memory.
 
 Two parts (`part`): `prefill`, a causal prompt of `T` tokens; `decode`, one new token after `T` cached positions.
 Each row is first checked on a short sequence of tokens (`check_len`) against float64 (`attention.reference`: the
@@ -42,6 +43,7 @@ DENSE = ("absorbed", "sdpa")
 # DeepSeek-V3.2's attention widths (its config.json); the heads are the sweep's (`num_heads`, `index_n_heads`).
 WIDTHS = dict(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, index_head_dim=128)
 ROPE_THETA = 10000.0
+SDPA_GROUP_ELEMENTS = 1 << 28  # `sdpa`: query heads go to SDPA in groups of about this many (B, h, T, Dc+Dr) elements
 
 
 @dataclasses.dataclass
@@ -58,7 +60,7 @@ class Config:
     num_heads: Annotated[int, POSITIVE] = 128
     index_n_heads: Annotated[int, POSITIVE] = 64
     top_k: Annotated[int, POSITIVE] = 2048
-    seq_lens: Annotated[tuple, list_of(POSITIVE, 16)] = (1024, 2048, 4096, 8192)
+    seq_lens: Annotated[tuple, list_of(POSITIVE, 16)] = (1024, 2048, 4096, 8192, 16384, 32768)
     contexts: Annotated[tuple, list_of(POSITIVE, 16)] = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
     mask_max_len: Annotated[int, POSITIVE] = 2048
     check_len: Annotated[int, POSITIVE] = 32
@@ -148,6 +150,21 @@ def row_memory_bytes(row, element):
     return index + B * (min(k, T) if row["kernel"] == "gather" else T) * latent * element
 
 
+def row_peak_bytes(kernel, B, H, Hi, queries, positions, element):
+    """The most memory a row's call holds at once, about: its inputs (`core_inputs`), the cache's rows twice (the
+    gathered or concatenated copies), the queries folded into the latent (`(B, H, T, Dc)`; SDPA's a head group at a
+    time, `SDPA_GROUP_ELEMENTS`), the outputs twice (the blocks and their concatenation), and the dense paths' `(B, H,
+    T, S)` float32 scores four times over (logits, mask, softmax, its copy)."""
+    Dn, Dr, Dc, Dv, Di = (WIDTHS[name] for name in ("qk_nope_head_dim", "qk_rope_head_dim", "kv_lora_rank",
+                                                    "v_head_dim", "index_head_dim"))
+    inputs = B * queries * (H * (Dn + Dr) + Hi * (Di + 1)) + B * positions * (Dc + Dr + Di)
+    cache_copies = 2 * B * positions * (Dc + Dr + Di)
+    latent_queries = 3 * SDPA_GROUP_ELEMENTS if kernel == "sdpa" else B * H * queries * Dc * (kernel != "indexer")
+    outputs = 2 * B * H * queries * Dv * (kernel != "indexer")
+    dense_scores = 4 * B * H * queries * positions * 4 if kernel in ("absorbed", "mask") else 0
+    return (inputs + cache_copies + latent_queries + outputs) * element + dense_scores
+
+
 def build(config, top_k, device, dtype, sparse="gather"):
     """A DeepSeek-V3.2 layer at the sweep's heads and DeepSeek-V3.2's widths, in the form `sparse`, random weights from
     `config.seed` (the same whatever the form). The model's width and the compressed query's only size projections the
@@ -202,12 +219,17 @@ def attend(kernel, module, tensors):
         return module.attend_absorbed(q_nope, q_rope, latent, k_rope, causal if T > 1 else None)
     H, Dn, Dv, Dc = module.num_heads, module.qk_nope_head_dim, module.v_head_dim, module.kv_lora_rank  # sdpa
     w_kv = module.kv_b_proj.weight.view(H, Dn + Dv, Dc)  # (H, Dn+Dv, Dc)
-    q = torch.cat([torch.einsum("bhtn,hnc->bhtc", q_nope, w_kv[:, :Dn]), q_rope], dim=-1)  # (B, H, T, Dc+Dr)
-    k = torch.cat([latent, k_rope], dim=-1).expand(-1, H, -1, -1)  # (B, H, S, Dc+Dr): one K/V head, not copied
-    # The values are the keys' first Dc features (FlashMLA's layout): keys and values of one width, which SDPA's CPU
-    # kernel needs (values of Dc alone, or enable_gqa, send it to the math path, which writes every score).
-    context = F.scaled_dot_product_attention(q, k, k, is_causal=T > 1, scale=module.scaling)[..., :Dc]
-    return torch.einsum("bhtc,hvc->bhtv", context, w_kv[:, Dn:])  # (B, H, T, Dv)
+    key = torch.cat([latent, k_rope], dim=-1)  # (B, 1, S, Dc+Dr): one K/V head for every query head
+    group = max(1, SDPA_GROUP_ELEMENTS // (q_nope.shape[0] * T * key.shape[-1]))  # heads whose queries fit at once
+    outputs = []
+    for heads in [slice(first, first + group) for first in range(0, H, group)]:  # (B, h, T, Dc+Dr) queries at a time
+        q = torch.cat([torch.einsum("bhtn,hnc->bhtc", q_nope[:, heads], w_kv[heads, :Dn]), q_rope[:, heads]], dim=-1)
+        k = key.expand(-1, q.shape[1], -1, -1)  # (B, h, S, Dc+Dr): not copied
+        # The values are the keys' first Dc features (FlashMLA's layout): keys and values of one width, which SDPA's
+        # CPU kernel needs (values of Dc alone, or enable_gqa, send it to the math path, which writes every score).
+        context = F.scaled_dot_product_attention(q, k, k, is_causal=T > 1, scale=module.scaling)[..., :Dc]
+        outputs.append(torch.einsum("bhtc,hvc->bhtv", context, w_kv[heads, Dn:]))  # (B, h, T, Dv)
+    return torch.cat(outputs, dim=1)  # (B, H, T, Dv)
 
 
 def checked(kernel, module, x, decoding):
@@ -265,10 +287,9 @@ def sparse_row(config, case, envelope, yardstick):
         row.update(status="skipped", reason=f"past mask_max_len {config.mask_max_len}: its (B, H, T, T) scores are "
                                             "the dense absorbed path's and more")
         return row
-    widths = WIDTHS["kv_lora_rank"] + WIDTHS["qk_rope_head_dim"]
-    dense_scores = 4 * B * H * queries * positions * 4 if kernel in ("absorbed", "mask") else 0
-    needed = B * positions * (widths + WIDTHS["index_head_dim"]) * element * 2 + dense_scores
-    if skip := core.over_budget(needed, config.memory_budget_bytes, "the cache, its copies and the dense scores"):
+    needed = row_peak_bytes(kernel, B, H, Hi, queries, positions, element)
+    if skip := core.over_budget(needed, config.memory_budget_bytes, "the inputs, the cache's copies, the latent "
+                                                                   "queries, the outputs and the dense scores"):
         row.update(status="skipped", reason=skip)
         return row
     try:
