@@ -44,4 +44,22 @@ def reference_with_grads(x, state, num_heads, position_encoding, grad_out):
     return out.detach(), x64.grad, {k: v.grad for k, v in state64.items()}
 
 
+def captured_attention(model, input_ids):
+    """`{layer index: (hidden states fed to its attention, its output)}` while a transformers model runs `input_ids`
+    (its layers' `self_attn` hooked, the hooks removed after)."""
+    captured = {}
+
+    def hook(module, args, kwargs, output):
+        captured[module.layer_idx] = (kwargs["hidden_states"].detach(), output[0].detach())
+
+    handles = [layer.self_attn.register_forward_hook(hook, with_kwargs=True) for layer in model.model.layers]
+    try:
+        with torch.no_grad():
+            model(input_ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return captured
+
+
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA)")

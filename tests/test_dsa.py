@@ -15,6 +15,7 @@ from attention.models.deepseek_v3 import apply_rotary_interleaved
 from attention.models.deepseek_v32 import (DeepseekV32Attention, IndexedLatentCache, index_scores,
                                            top_k_positions)
 from attention.reference import reference_indexer_selection, reference_latent_attention
+from helpers import captured_attention
 
 F64 = dict(atol=1e-12, rtol=1e-12)
 # transformers computes its norms, rotary angles, softmax and the indexer's scores in float32 even in a float64 model
@@ -76,21 +77,6 @@ def tiny_transformers_model(name, seed):
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config).to(torch.float64).eval()
     return config, randomized(model, seed)
-
-
-def captured_attention(model, input_ids):
-    """`{layer index: (hidden states fed to its attention, its output)}` while the whole model runs."""
-    captured = {}
-
-    def hook(module, args, kwargs, output):
-        captured[module.layer_idx] = (kwargs["hidden_states"].detach(), output[0].detach())
-
-    handles = [layer.self_attn.register_forward_hook(hook, with_kwargs=True) for layer in model.model.layers]
-    with torch.no_grad():
-        model(input_ids)
-    for handle in handles:
-        handle.remove()
-    return captured
 
 
 @pytest.mark.parametrize("form", FORMS, ids=lambda form: "-".join(form.values()))

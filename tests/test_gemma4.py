@@ -11,6 +11,7 @@ import torch
 from attention.models import MODELS, ModelAttention
 from attention.models.gemma4 import Gemma4Attention, gemma4_rope_frequencies
 from attention.reference import reference_kernel, reference_rms_norm, reference_rope, rope_frequencies
+from helpers import captured_attention
 
 F64 = dict(atol=1e-12, rtol=1e-12)
 # transformers computes its norms and rotary angles in float32 even in a float64 model
@@ -76,21 +77,6 @@ def tiny_transformers_model(name, seed):
     torch.manual_seed(seed)
     model = transformers.Gemma4ForCausalLM(config).to(torch.float64).eval()
     return config, randomized(model, seed)
-
-
-def captured_attention(model, input_ids):
-    """`{layer index: (hidden states fed to its attention, its output)}` while the whole model runs."""
-    captured = {}
-
-    def hook(module, args, kwargs, output):
-        captured[module.layer_idx] = (kwargs["hidden_states"].detach(), output[0].detach())
-
-    handles = [layer.self_attn.register_forward_hook(hook, with_kwargs=True) for layer in model.model.layers]
-    with torch.no_grad():
-        model(input_ids)
-    for handle in handles:
-        handle.remove()
-    return captured
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

@@ -14,7 +14,7 @@ from attention.models.deepseek_v3 import (PUBLISHED_CONFIGS, DeepseekV3Attention
                                           kv_cache_bytes_per_token, latent_attention_flops,
                                           latent_cache_bytes_per_token, layer_parameters)
 from attention.reference import reference_latent_attention, rope_frequencies
-from helpers import requires_cuda, tolerance
+from helpers import captured_attention, requires_cuda, tolerance
 
 F64 = dict(atol=1e-12, rtol=1e-12)  # float64 against float64: only the order of the sums differs
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
@@ -79,21 +79,6 @@ def tiny_transformers_model(name, seed):
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config).to(torch.float64).eval()
     return config, randomized(model, seed)
-
-
-def captured_attention(model, input_ids):
-    """`{layer index: (hidden states fed to its attention, its output)}` while the whole model runs."""
-    captured = {}
-
-    def hook(module, args, kwargs, output):
-        captured[module.layer_idx] = (kwargs["hidden_states"].detach(), output[0].detach())
-
-    handles = [layer.self_attn.register_forward_hook(hook, with_kwargs=True) for layer in model.model.layers]
-    with torch.no_grad():
-        model(input_ids)
-    for handle in handles:
-        handle.remove()
-    return captured
 
 
 # transformers computes its RMS norms, its rotary angles (and DeepSeek-V2's rotation itself, in complex64) and the
