@@ -269,5 +269,6 @@ from attention.report.sparse import plot, sparse_section
 sparse_path, sparse_run = recorded("sparse")  # float32
 
 # %% tags=["hide-input"]
+show(plot(sparse_run, "prefill"))
 show(plot(sparse_run, "decode"))
 show_markdown(sparse_section(sparse_path, sparse_run))
