@@ -82,12 +82,16 @@ def test_sdpa_in_head_groups_equals_the_reference(monkeypatch):
 def test_a_row_over_the_memory_budget_is_skipped_with_its_estimate():
     """The estimate grows with the prompt as the absorbed queries and dense scores do; a row past the budget is
     skipped, naming the bytes, before anything is allocated."""
-    peaks = {kernel: [sparse.row_peak_bytes(kernel, 1, 128, 64, T, T, 4) for T in (1024, 32768)]
-             for kernel in sparse.KERNELS}
+    def peak(kernel, T, H=128, Hi=64, part="prefill"):
+        return sparse.row_peak_bytes(dict(part=part, kernel=kernel, batch=1, num_heads=H, index_n_heads=Hi,
+                                          seq_len=T), 4)
+
+    peaks = {kernel: [peak(kernel, T) for T in (1024, 32768)] for kernel in sparse.KERNELS}
+    assert peak("absorbed", 32768, part="decode") < peaks["absorbed"][0]  # one query, not 32k
     assert all(short < long for short, long in peaks.values())
     assert peaks["absorbed"][1] > 2**40 > peaks["gather"][1] > peaks["sdpa"][1] > peaks["indexer"][1]
     rows = run_sparse(kernels=("absorbed", "gather"), parts=("prefill",), seq_lens=(24,),
-                      memory_budget_bytes=sparse.row_peak_bytes("gather", 1, 2, 16, 24, 24, 4) + 1)["sparse"]["rows"]
+                      memory_budget_bytes=peak("gather", 24, H=2, Hi=16) + 1)["sparse"]["rows"]
     assert [(row["kernel"], row["status"]) for row in rows] == [("absorbed", "skipped"), ("gather", "ok")]
     assert "exceeds the memory budget" in rows[0]["reason"]
 

@@ -153,13 +153,16 @@ def row_memory_bytes(row, element):
     return index + B * (min(k, T) if row["kernel"] == "gather" else T) * latent * element
 
 
-def row_peak_bytes(kernel, B, H, Hi, queries, positions, element):
-    """The most memory a row's call holds at once, about: its inputs (`core_inputs`), the cache's rows twice (the
+def row_peak_bytes(row, element):
+    """The most memory a row's call holds at once, about (its `part`, `kernel`, `batch`, `num_heads`, `index_n_heads`,
+    `seq_len`; elements of `element` bytes): its inputs (`core_inputs`), the cache's rows twice (the
     gathered or concatenated copies), the queries folded into the latent (`(B, H, T, Dc)`; SDPA's a head group at a
     time, `SDPA_GROUP_ELEMENTS`), the outputs twice (the blocks and their concatenation), and the dense paths' `(B, H,
     T, S)` float32 scores four times over (logits, mask, softmax, its copy)."""
     Dn, Dr, Dc, Dv, Di = (WIDTHS[name] for name in ("qk_nope_head_dim", "qk_rope_head_dim", "kv_lora_rank",
                                                     "v_head_dim", "index_head_dim"))
+    B, H, Hi, T, kernel = row["batch"], row["num_heads"], row["index_n_heads"], row["seq_len"], row["kernel"]
+    queries, positions = (1, T + 1) if row["part"] == "decode" else (T, T)
     inputs = B * queries * (H * (Dn + Dr) + Hi * (Di + 1)) + B * positions * (Dc + Dr + Di)
     cache_copies = 2 * B * positions * (Dc + Dr + Di)
     latent_queries = 3 * SDPA_GROUP_ELEMENTS if kernel == "sdpa" else B * H * queries * Dc * (kernel != "indexer")
@@ -290,7 +293,7 @@ def sparse_row(config, case, envelope, yardstick):
         row.update(status="skipped", reason=f"past mask_max_len {config.mask_max_len}: its (B, H, T, T) scores are "
                                             "the dense absorbed path's and more")
         return row
-    needed = row_peak_bytes(kernel, B, H, Hi, queries, positions, element)
+    needed = row_peak_bytes(row, element)
     if skip := core.over_budget(needed, config.memory_budget_bytes, "the inputs, the cache's copies, the latent "
                                                                    "queries, the outputs and the dense scores"):
         row.update(status="skipped", reason=skip)
