@@ -193,9 +193,7 @@ def test_decision_table_decode_and_mask_rows_name_their_devices_and_say_why(long
                                  decision.split_by_device([("cpu-amd-epyc-2c-float32-decode.json", decode)]),
                                  decision.split_by_device([("cpu-intel-xeon-2c-float32-long.json", long_run)]))
     decoding = next(line for line in table.splitlines() if line.startswith("| Decoding"))
-    forced = [row for row in report.decode.decode_rows(decode, batch=1, model="GQA")
-              if row["context"] == 32768 and row["kernel"] != "auto"]  # what `auto` chooses between
-    best = max(forced, key=lambda row: row["tokens_per_s"])
+    best = report.decode.decode_best(report.decode.forced_only(decode), "GQA", 1, 32768)  # what `auto` chooses between
     assert ("`gqa` (its default, `decode_kernel=\"auto\"`, times the kernels where it runs: "
             f"`{best['kernel']}` was the faster here) on AMD EPYC, 2 cores") in decoding
     assert (f"one attention layer (32 query heads of 128, 4 K/V heads), batch 1, a 32,768-token cache: "
