@@ -259,8 +259,12 @@ show_table("Keys one query attends to, at its position",
 #
 # The benchmark's sparse profile times one DeepSeek-V3.2 layer's attention after its projections
 # (DeepSeek-V3.2's widths; the heads below) in each form, the indexer alone and dense latent attention,
-# by prompt length and by cached context, each row checked against float64 first. The recorded run,
-# read by `attention.report.sparse`; every run on the [Benchmarks](../../benchmarks/) page:
+# by prompt length and by cached context, each row checked against float64 first. Dense attention through
+# SDPA runs each part the way it costs least, as DeepSeek's own code does: a prompt in MHA mode (every
+# head's keys and values decompressed from the latent, narrow heads), a decode step in MQA mode (the
+# absorbed query against the latent cache, never expanded); DSA's gather form works in MQA mode either way,
+# as DeepSeek's sparse kernels do. The recorded run, read by `attention.report.sparse`; every run on the
+# [Benchmarks](../../benchmarks/) page:
 
 # %%
 from attention.report.long import recorded

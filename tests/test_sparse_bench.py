@@ -11,6 +11,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from attention import report
 from attention.bench import core, profiles, results
@@ -44,7 +45,9 @@ def test_every_part_gives_checked_valid_rows_with_their_flops(result):
     # a prompt of 24 with top-k 8: queries 1..8 see 1..8 positions, the other 16 keep 8
     assert by["prefill", "gather", 24]["flops"] == (2 * H * (36 + 16 * 8) * (2 * Dc + Dr) + 24 * absorb
                                                     + 2 * Hi * (24 * 25 // 2) * (Di + 1))
-    assert by["prefill", "sdpa", 24]["flops"] == 2 * H * (24 * 25 // 2) * (2 * Dc + Dr) + 24 * absorb
+    # MHA mode: keys of Dn + Dr, values padded to that width; the latent decompressed at every position
+    assert by["prefill", "sdpa", 24]["flops"] == 2 * H * (24 * 25 // 2) * (128 + Dr + 128 + Dr) + 24 * absorb
+    assert by["decode", "sdpa", 30]["flops"] == 2 * H * 31 * (2 * Dc + Dr) + absorb  # MQA mode: over the latent
     assert by["decode", "indexer", 70]["flops"] == 2 * Hi * 71 * (Di + 1)
     assert by["decode", "absorbed", 70]["memory_bytes"] == 71 * (Dc + Dr) * 4
     assert by["decode", "gather", 70]["memory_bytes"] == 71 * Di * 4 + 8 * (Dc + Dr) * 4  # all index keys, 8 latents
@@ -68,15 +71,22 @@ def test_each_kernel_is_checked_against_the_reference_on_tokens():
 
 
 def test_sdpa_in_head_groups_equals_the_reference(monkeypatch):
-    """With a group size that splits the prompt's query heads unevenly (3 groups of 2 heads, then 1), SDPA's kernel
-    gives what the float64 reference gives, for the prompt and the last token."""
-    monkeypatch.setattr(sparse, "SDPA_GROUP_ELEMENTS", 2 * 20 * (512 + 64))  # 2 heads of a 20-token prompt
+    """With group sizes that split the 7 query heads unevenly (3 groups of 2 heads, then 1), SDPA's kernel gives what
+    the float64 reference gives, for the prompt (in MHA mode, the values padded) and for the last token (in MQA mode,
+    over the latent)."""
     config = sparse.Config(**TINY | dict(num_heads=7)).resolve("cpu")
     module = sparse.build(config, 5, "cpu", torch.float64)
     x = torch.randn(1, 20, 256, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
-    for decoding in (False, True):
+    groups, sdpa = [], F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda q, *args, **kwargs: groups.append(q.shape[1]) or sdpa(q, *args, **kwargs))
+    # 2 heads' queries: a 20-token prompt's at the keys' width 128 + 64; one token's at the latent's 512 + 64
+    for decoding, elements in ((False, 2 * 20 * (128 + 64)), (True, 2 * (512 + 64))):
+        monkeypatch.setattr(sparse, "SDPA_GROUP_ELEMENTS", elements)
+        groups.clear()
         got, expected = sparse.checked("sdpa", module, x, decoding)
         torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+        assert groups == [2, 2, 2, 1]
 
 
 def test_a_row_over_the_memory_budget_is_skipped_with_its_estimate():

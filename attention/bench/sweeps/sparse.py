@@ -10,9 +10,12 @@ the projections are left out (they cost the same whichever way the layer attends
 * `mask`: DSA as transformers runs it: the same choice, then dense attention with the rest masked out (to
   `mask_max_len`: its `(B, H, T, S)` scores);
 * `absorbed`: dense MLA on the absorbed path, the DeepSeek-V3 layer's own (its `(B, H, T, S)` scores in memory);
-* `sdpa`: dense MLA through SDPA's fused kernel: the absorbed query against the latent and rotary key, one K/V head
-  read by every query head, the values the keys' first `kv_lora_rank` features (as FlashMLA lays them out), the query
-  heads in groups (`SDPA_GROUP_ELEMENTS`) so that a long prompt's absorbed queries fit in memory.
+* `sdpa`: dense MLA through SDPA's fused kernel, each part the way it costs least (as DeepSeek's own code runs them):
+  a prompt in MHA mode, every head's keys and values decompressed from the latent (`kv_b_proj`), `Dn + Dr` wide keys
+  and `Dv` values padded with zeros to the keys' width (SDPA's CPU kernel takes one width; values of another send it to
+  the math path, which writes every score); a decode step in MQA mode, the absorbed query against the latent and
+  rotary key, one K/V head read by every query head, the values the keys' first `kv_lora_rank` features (as FlashMLA
+  lays them out). Either way the query heads go in groups (`SDPA_GROUP_ELEMENTS`), so that a long prompt fits in memory.
 
 Two parts (`part`): `prefill`, a causal prompt of `T` tokens; `decode`, one new token after `T` cached positions.
 Each row is first checked on a short sequence of tokens (`check_len`) against float64 (`attention.reference`: the
@@ -20,7 +23,8 @@ indexer's choice query by query, `reference_indexer_selection`, and the layer's 
 positions, `reference_latent_attention`), then timed on inputs of its own shape beside a dense matmul of side
 `matmul_size`. FLOPs count the matmuls' multiply-adds times 2 (`row_flops`): per query and visible position, the
 indexer `2 Hi (Di + 1)`, attention `2 H (2 Dc + Dr)` over every position (dense) or over the chosen ones (DSA), and the
-absorption of `W^UK` and `W^UV` `2 H Dc (Dn + Dv)` per query.
+absorption of `W^UK` and `W^UV` `2 H Dc (Dn + Dv)` per query; a prompt through `sdpa` instead `2 H (Dn + Dr + W)` per
+visible pair (`W` the padded values' width) and the decompression `2 H Dc (Dn + Dv)` per position.
 """
 
 import dataclasses
@@ -62,7 +66,7 @@ class Config:
     top_k: Annotated[int, POSITIVE] = 2048
     # Prompts stop at 8k by default. Longer ones (`--seq-lens`) need more than 24 GB: the gather form's profiled call
     # (`core.measure`) keeps the profiler's record of every op of its query blocks, about 3 GB more at 8k (512 blocks),
-    # four times that at 16k; and a 32k dense prompt at 128 heads takes over ten minutes a call on 2 cores.
+    # four times that at 16k; and a 32k prompt takes minutes a call in each form on 2 cores, five calls a row.
     seq_lens: Annotated[tuple, list_of(POSITIVE, 16)] = (1024, 2048, 4096, 8192)
     contexts: Annotated[tuple, list_of(POSITIVE, 16)] = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
     mask_max_len: Annotated[int, POSITIVE] = 2048
@@ -136,6 +140,8 @@ def row_flops(row):
     if kernel == "indexer":
         return indexer
     absorb = 2 * B * H * queries * Dc * (Dn + Dv)
+    if kernel == "sdpa" and part == "prefill":  # MHA mode: the latent decompressed, then attention at head width
+        return 2 * B * H * visible_pairs(part, T) * (Dn + Dr + max(Dn + Dr, Dv)) + absorb
     pairs = chosen_pairs(part, T, k) if kernel == "gather" else visible_pairs(part, T)
     attention = 2 * B * H * pairs * (2 * Dc + Dr) + absorb
     return attention + (indexer if kernel in ("gather", "mask") else 0)
@@ -157,7 +163,7 @@ def row_peak_bytes(row, element):
     """The most memory a row's call holds at once, about (its `part`, `kernel`, `batch`, `num_heads`, `index_n_heads`,
     `seq_len`; elements of `element` bytes): its inputs (`core_inputs`), the cache's rows twice (the
     gathered or concatenated copies), the queries folded into the latent (`(B, H, T, Dc)`; SDPA's a head group at a
-    time, `SDPA_GROUP_ELEMENTS`), the outputs twice (the blocks and their concatenation), and the dense paths' `(B, H,
+    time, `SDPA_GROUP_ELEMENTS`, five such tensors for a prompt's decompressed heads), the outputs twice (the blocks and their concatenation), and the dense paths' `(B, H,
     T, S)` float32 scores four times over (logits, mask, softmax, its copy)."""
     Dn, Dr, Dc, Dv, Di = (WIDTHS[name] for name in ("qk_nope_head_dim", "qk_rope_head_dim", "kv_lora_rank",
                                                     "v_head_dim", "index_head_dim"))
@@ -165,7 +171,8 @@ def row_peak_bytes(row, element):
     queries, positions = (1, T + 1) if row["part"] == "decode" else (T, T)
     inputs = B * queries * (H * (Dn + Dr) + Hi * (Di + 1)) + B * positions * (Dc + Dr + Di)
     cache_copies = 2 * B * positions * (Dc + Dr + Di)
-    latent_queries = 3 * SDPA_GROUP_ELEMENTS if kernel == "sdpa" else B * H * queries * Dc * (kernel != "indexer")
+    sdpa_group = (5 if row["part"] == "prefill" else 3) * SDPA_GROUP_ELEMENTS
+    latent_queries = sdpa_group if kernel == "sdpa" else B * H * queries * Dc * (kernel != "indexer")
     outputs = 2 * B * H * queries * Dv * (kernel != "indexer")
     dense_scores = 4 * B * H * queries * positions * 4 if kernel in ("absorbed", "mask") else 0
     return (inputs + cache_copies + latent_queries + outputs) * element + dense_scores
@@ -223,7 +230,38 @@ def attend(kernel, module, tensors):
         return choose(module, index_q, index_k, index_w, module.index_topk, causal)[0]
     if kernel == "absorbed":
         return module.attend_absorbed(q_nope, q_rope, latent, k_rope, causal if T > 1 else None)
-    H, Dn, Dv, Dc = module.num_heads, module.qk_nope_head_dim, module.v_head_dim, module.kv_lora_rank  # sdpa
+    return (sdpa_heads if T > 1 else sdpa_latent)(module, q_nope, q_rope, latent, k_rope)  # sdpa
+
+
+def sdpa_heads(module, q_nope, q_rope, latent, k_rope):
+    """A causal prompt through SDPA in MHA mode: each head's keys and values decompressed from the latent, the rotary
+    key shared, the values padded with zeros to the keys' width (one width for SDPA's CPU kernel, the padding cut
+    from the output), the query heads in groups (`SDPA_GROUP_ELEMENTS`). `(B, H, T, Dn)`, `(B, H, T, Dr)`,
+    `(B, 1, T, Dc)`, `(B, 1, T, Dr)` -> `(B, H, T, Dv)`."""
+    (B, H, T, Dn), Dr, Dv = q_nope.shape, q_rope.shape[-1], module.v_head_dim
+    w_kv = module.kv_b_proj.weight.view(H, Dn + Dv, -1)  # (H, Dn+Dv, Dc)
+    width = max(Dn + Dr, Dv)
+
+    def widened(tensor):  # (..., D) -> (..., width): zeros after D, which change no score and no output
+        return F.pad(tensor, (0, width - tensor.shape[-1])) if tensor.shape[-1] < width else tensor
+
+    group = max(1, SDPA_GROUP_ELEMENTS // (B * T * width))  # heads whose queries, keys and values fit at once
+    outputs = []
+    for heads in [slice(first, first + group) for first in range(0, H, group)]:
+        kv = torch.einsum("bsc,hdc->bhsd", latent[:, 0], w_kv[heads])  # (B, h, T, Dn+Dv): W^UK and W^UV applied
+        key = widened(torch.cat([kv[..., :Dn], k_rope.expand(-1, kv.shape[1], -1, -1)], dim=-1))  # (B, h, T, width)
+        query = widened(torch.cat([q_nope[:, heads], q_rope[:, heads]], dim=-1))  # (B, h, T, width)
+        context = F.scaled_dot_product_attention(query, key, widened(kv[..., Dn:]), is_causal=True,
+                                                 scale=module.scaling)  # (B, h, T, width)
+        outputs.append(context[..., :Dv])  # (B, h, T, Dv)
+    return torch.cat(outputs, dim=1)  # (B, H, T, Dv)
+
+
+def sdpa_latent(module, q_nope, q_rope, latent, k_rope):
+    """Queries over the latent cache through SDPA in MQA mode: the absorbed query against the latent and rotary key,
+    one K/V head for every query head: a decode step's one query, which sees every position. Shapes as
+    `sdpa_heads`', over `S` positions."""
+    (B, H, T, Dn), Dv, Dc = q_nope.shape, module.v_head_dim, module.kv_lora_rank
     w_kv = module.kv_b_proj.weight.view(H, Dn + Dv, Dc)  # (H, Dn+Dv, Dc)
     key = torch.cat([latent, k_rope], dim=-1)  # (B, 1, S, Dc+Dr): one K/V head for every query head
     group = max(1, SDPA_GROUP_ELEMENTS // (q_nope.shape[0] * T * key.shape[-1]))  # heads whose queries fit at once
@@ -233,7 +271,7 @@ def attend(kernel, module, tensors):
         k = key.expand(-1, q.shape[1], -1, -1)  # (B, h, S, Dc+Dr): not copied
         # The values are the keys' first Dc features (FlashMLA's layout): keys and values of one width, which SDPA's
         # CPU kernel needs (values of Dc alone, or enable_gqa, send it to the math path, which writes every score).
-        context = F.scaled_dot_product_attention(q, k, k, is_causal=T > 1, scale=module.scaling)[..., :Dc]
+        context = F.scaled_dot_product_attention(q, k, k, scale=module.scaling)[..., :Dc]
         outputs.append(torch.einsum("bhtc,hvc->bhtv", context, w_kv[heads, Dn:]))  # (B, h, T, Dv)
     return torch.cat(outputs, dim=1)  # (B, H, T, Dv)
 
