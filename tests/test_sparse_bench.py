@@ -146,15 +146,17 @@ def test_the_sentences_say_where_each_kernel_wins_from_the_rows(result):
                     (("decode", "gather", 70), 1.0), (("decode", "absorbed", 70), 4.0), (("decode", "sdpa", 70), 2.0)]:
         rows[key]["ms_median"] = ms
     summary = report.sparse.summary(timed)
-    assert ("DSA's gather form is faster than dense attention through SDPA from 40 tokens on (of 24 to 40 tokens); "
+    assert ("DSA's gather form is faster than dense attention through SDPA (MHA mode, the latent decompressed) from "
+            "40 tokens on (of 24 to 40 tokens); "
             "at 40 it takes 3.00 ms against 6.00 ms (2.00x).") in summary
     assert "the indexer and its top-k take 50% of the gather form's time at 40 tokens (25% at 24)" in summary
     assert "The mask form skips nothing: at 24 tokens it takes 1.60x the time of dense attention" in summary
     assert ("DSA's gather form is faster than dense attention on the absorbed path at every length measured (of 30 to "
             "70 cached positions)") in summary
-    assert "faster than dense attention through SDPA from 70 cached positions on" in summary
+    assert "faster than dense attention through SDPA (MQA mode, over the latent) from 70 cached positions on" in summary
     rows["prefill", "gather", 40]["ms_median"] = 7.0
-    assert "faster than dense attention through SDPA at no length measured" in report.sparse.summary(timed)
+    assert "faster than dense attention through SDPA (MHA mode, the latent decompressed) at no length measured" in (
+        report.sparse.summary(timed))
     assert report.sparse.summary({"sparse": {"rows": []}}) == ""
     page = report.sparse.page(result, {})
     assert "Every crossover, the indexer's share, every row" in page and "(charts)" not in page

@@ -3,13 +3,19 @@ length and by cached context, the indexer's share of its time, and the crossover
 `attention.bench.sweeps.sparse`)."""
 
 from attention.bench import core
-from attention.bench.sweeps.sparse import KERNELS, NAME
+from attention.bench.sweeps.sparse import KERNELS, NAME, WIDTHS
 from attention.report.format import (collapsed, crossover_sentence, mebibytes, nested, number, percent, run_line,
                                      status_cell, table, title_suffix)
 
 KERNEL_WORDS = {"gather": "DSA's gather form", "indexer": "the indexer alone", "mask": "DSA as a mask",
                 "absorbed": "dense attention on the absorbed path", "sdpa": "dense attention through SDPA"}
 UNITS = {"prefill": "token", "decode": "cached position"}
+SDPA_MODES = {"prefill": "MHA mode, the latent decompressed", "decode": "MQA mode, over the latent"}  # sparse.attend's
+
+
+def kernel_words(part):
+    """`KERNEL_WORDS` for `part`, SDPA's named with the mode the sweep runs it in for that part."""
+    return KERNEL_WORDS | {"sdpa": f"{KERNEL_WORDS['sdpa']} ({SDPA_MODES[part]})"}
 
 
 def part_rows(result, part):
@@ -44,11 +50,11 @@ def summary(result):
     """The crossovers and the indexer's share, in words, each from the run's own rows."""
     prefill, decode = part_rows(result, "prefill"), part_rows(result, "decode")
     return " ".join(part for part in (
-        crossover_sentence(prefill, "gather", "sdpa", UNITS["prefill"], KERNEL_WORDS),
+        crossover_sentence(prefill, "gather", "sdpa", UNITS["prefill"], kernel_words("prefill")),
         indexer_sentence(prefill, UNITS["prefill"]),
         mask_sentence(prefill),
         crossover_sentence(decode, "gather", "absorbed", UNITS["decode"], KERNEL_WORDS),
-        crossover_sentence(decode, "gather", "sdpa", UNITS["decode"], KERNEL_WORDS),
+        crossover_sentence(decode, "gather", "sdpa", UNITS["decode"], kernel_words("decode")),
         indexer_sentence(decode, UNITS["decode"])) if part)
 
 
@@ -83,8 +89,9 @@ def times_table(result, part):
 
 def shape(result):
     config = result[NAME]
-    return (f"batch {config['batch']}, {config['num_heads']} query heads over one latent of 512 (and 64 rotary), "
-            f"an indexer of {config['index_n_heads']} heads of 128, top-k {config['top_k']:,}")
+    return (f"batch {config['batch']}, {config['num_heads']} query heads over one latent of {WIDTHS['kv_lora_rank']} "
+            f"(and {WIDTHS['qk_rope_head_dim']} rotary), an indexer of {config['index_n_heads']} heads of "
+            f"{WIDTHS['index_head_dim']}, top-k {config['top_k']:,}")
 
 
 def plot(result, part):
@@ -97,7 +104,7 @@ def plot(result, part):
     for kernel, marker in zip(KERNELS, "os^Dv"):
         points = sorted((T, row["ms_median"]) for T, row in by_kernel.get(kernel, {}).items() if core.usable(row))
         if points:
-            ax.plot(*zip(*points), marker=marker, label=KERNEL_WORDS[kernel])
+            ax.plot(*zip(*points), marker=marker, label=kernel_words(part)[kernel])
     ax.set_xscale("log", base=2)
     what = "prompt length T (tokens)" if part == "prefill" else "cached positions"
     ax.set(yscale="log", xlabel=what, ylabel="ms per " + ("prompt" if part == "prefill" else "step") + " (median)")
@@ -128,7 +135,7 @@ def page(result, images, path=None):
     the rest (the indexer's share, the mask form, every row) collapsed."""
     prefill, decode = part_rows(result, "prefill"), part_rows(result, "decode")
     lead = " ".join(part for part in (
-        crossover_sentence(prefill, "gather", "sdpa", UNITS["prefill"], KERNEL_WORDS),
+        crossover_sentence(prefill, "gather", "sdpa", UNITS["prefill"], kernel_words("prefill")),
         crossover_sentence(decode, "gather", "absorbed", UNITS["decode"], KERNEL_WORDS)) if part)
     charts = "\n\n".join(images.values())
     details = (f"One DeepSeek-V3.2 layer's attention after its projections, {shape(result)}, each row checked against "
