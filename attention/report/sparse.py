@@ -109,7 +109,7 @@ def plot(result, part):
     what = "prompt length T (tokens)" if part == "prefill" else "cached positions"
     ax.set(yscale="log", xlabel=what, ylabel="ms per " + ("prompt" if part == "prefill" else "step") + " (median)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    fig.legend(loc="outside lower center", ncols=2, fontsize=8)  # below the axes: the lines cross every corner
     fig.suptitle(f"DSA and dense latent attention, {part}: {title_suffix(result)}", fontsize=10)
     return fig
 
