@@ -10,12 +10,8 @@ from attention.report.format import (collapsed, crossover_sentence, mebibytes, n
 KERNEL_WORDS = {"gather": "DSA's gather form", "indexer": "the indexer alone", "mask": "DSA as a mask",
                 "absorbed": "dense attention on the absorbed path", "sdpa": "dense attention through SDPA"}
 UNITS = {"prefill": "token", "decode": "cached position"}
-SDPA_MODES = {"prefill": "MHA mode, the latent decompressed", "decode": "MQA mode, over the latent"}  # sparse.attend's
-
-
-def kernel_words(part):
-    """`KERNEL_WORDS` for `part`, SDPA's named with the mode the sweep runs it in for that part."""
-    return KERNEL_WORDS | {"sdpa": f"{KERNEL_WORDS['sdpa']} ({SDPA_MODES[part]})"}
+PART_WORDS = {part: KERNEL_WORDS | {"sdpa": f"{KERNEL_WORDS['sdpa']} ({mode})"} for part, mode in (  # sparse.attend's
+    ("prefill", "MHA mode, the latent decompressed"), ("decode", "MQA mode, over the latent"))}
 
 
 def part_rows(result, part):
@@ -50,11 +46,11 @@ def summary(result):
     """The crossovers and the indexer's share, in words, each from the run's own rows."""
     prefill, decode = part_rows(result, "prefill"), part_rows(result, "decode")
     return " ".join(part for part in (
-        crossover_sentence(prefill, "gather", "sdpa", UNITS["prefill"], kernel_words("prefill")),
+        crossover_sentence(prefill, "gather", "sdpa", UNITS["prefill"], PART_WORDS["prefill"]),
         indexer_sentence(prefill, UNITS["prefill"]),
         mask_sentence(prefill),
         crossover_sentence(decode, "gather", "absorbed", UNITS["decode"], KERNEL_WORDS),
-        crossover_sentence(decode, "gather", "sdpa", UNITS["decode"], kernel_words("decode")),
+        crossover_sentence(decode, "gather", "sdpa", UNITS["decode"], PART_WORDS["decode"]),
         indexer_sentence(decode, UNITS["decode"])) if part)
 
 
@@ -88,10 +84,8 @@ def times_table(result, part):
 
 
 def shape(result):
-    config = result[NAME]
-    return (f"batch {config['batch']}, {config['num_heads']} query heads over one latent of {WIDTHS['kv_lora_rank']} "
-            f"(and {WIDTHS['qk_rope_head_dim']} rotary), an indexer of {config['index_n_heads']} heads of "
-            f"{WIDTHS['index_head_dim']}, top-k {config['top_k']:,}")
+    return ("batch {batch}, {num_heads} query heads over one latent of {kv_lora_rank} (and {qk_rope_head_dim} rotary), "
+            "an indexer of {index_n_heads} heads of {index_head_dim}, top-k {top_k:,}").format(**result[NAME], **WIDTHS)
 
 
 def plot(result, part):
@@ -104,7 +98,7 @@ def plot(result, part):
     for kernel, marker in zip(KERNELS, "os^Dv"):
         points = sorted((T, row["ms_median"]) for T, row in by_kernel.get(kernel, {}).items() if core.usable(row))
         if points:
-            ax.plot(*zip(*points), marker=marker, label=kernel_words(part)[kernel])
+            ax.plot(*zip(*points), marker=marker, label=PART_WORDS[part][kernel])
     ax.set_xscale("log", base=2)
     what = "prompt length T (tokens)" if part == "prefill" else "cached positions"
     ax.set(yscale="log", xlabel=what, ylabel="ms per " + ("prompt" if part == "prefill" else "step") + " (median)")
@@ -116,9 +110,8 @@ def plot(result, part):
 
 def charts(result):
     return {part: (plot(result, part), f"{part.capitalize()} time of DeepSeek sparse attention's gather form, its "
-                                       f"indexer alone, its mask form and dense latent attention against "
-                                       f"{'prompt length' if part == 'prefill' else 'the cached context'}, "
-                                       f"{title_suffix(result)}")
+                   f"indexer alone, its mask form and dense latent attention against "
+                   f"{'prompt length' if part == 'prefill' else 'the cached context'}, {title_suffix(result)}")
             for part in ("prefill", "decode") if any(core.usable(row) for row in part_rows(result, part))}
 
 
@@ -135,7 +128,7 @@ def page(result, images, path=None):
     the rest (the indexer's share, the mask form, every row) collapsed."""
     prefill, decode = part_rows(result, "prefill"), part_rows(result, "decode")
     lead = " ".join(part for part in (
-        crossover_sentence(prefill, "gather", "sdpa", UNITS["prefill"], kernel_words("prefill")),
+        crossover_sentence(prefill, "gather", "sdpa", UNITS["prefill"], PART_WORDS["prefill"]),
         crossover_sentence(decode, "gather", "absorbed", UNITS["decode"], KERNEL_WORDS)) if part)
     charts = "\n\n".join(images.values())
     details = (f"One DeepSeek-V3.2 layer's attention after its projections, {shape(result)}, each row checked against "
