@@ -245,26 +245,24 @@ class DeepseekV32Attention(DeepseekV3Attention):
         S, Dn, Dv, Dc = latent.shape[2], self.qk_nope_head_dim, self.v_head_dim, self.kv_lora_rank
         w_kv = self.kv_b_proj.weight.view(H, Dn + Dv, Dc)  # (H, Dn+Dv, Dc)
         w_uk, w_uv = w_kv[:, :Dn], w_kv[:, Dn:]  # (H, Dn, Dc), (H, Dv, Dc)
-        q_latent = torch.einsum("bhtn,hnc->bhtc", q_nope, w_uk)  # (B, H, T, Dc): W^UK folded into the query
         latent, k_rope = latent[:, 0], k_rope[:, 0]  # (B, S, Dc), (B, S, Dr): views of the cache, not copies
-
-        def picked(cache_rows, indices):  # (B, S, D), (B, t, k) -> (B, t, k, D): the chosen rows, sequence by sequence
-            return torch.stack([rows.index_select(0, chosen.flatten()) for rows, chosen in zip(cache_rows, indices)]
-                               ).view(*indices.shape, cache_rows.shape[-1])
-
-        outputs = []
+        sequences = torch.arange(B, device=latent.device).view(B, 1, 1)  # (B, 1, 1): picks each sequence's own rows
+        # Each block's tensors are made, used and written into `output` in place: no list of blocks to concatenate,
+        # and no copy of the cache (a decode step reads it as it lies).
+        output = q_nope.new_empty(B, H, T, Dv)  # (B, H, T, Dv)
         for rows in query_blocks(T, S, max(index_q.shape[1], H)):
             scores = index_scores(index_q[:, :, rows], index_k, index_w[:, rows])  # (B, t, S)
             indices, valid = top_k_positions(scores, self.index_topk, causal[rows])  # (B, t, k) each
-            picked_latent, picked_rope = picked(latent, indices), picked(k_rope, indices)  # (B, t, k, Dc), (B, t, k, Dr)
-            logits = (torch.einsum("bhtc,btkc->bhtk", q_latent[:, :, rows], picked_latent)
+            picked_latent, picked_rope = latent[sequences, indices], k_rope[sequences, indices]  # (B, t, k, Dc), (B, t, k, Dr)
+            q_latent = torch.einsum("bhtn,hnc->bhtc", q_nope[:, :, rows], w_uk)  # (B, H, t, Dc): W^UK folded into the query
+            logits = (torch.einsum("bhtc,btkc->bhtk", q_latent, picked_latent)
                       + torch.einsum("bhtr,btkr->bhtk", q_rope[:, :, rows], picked_rope)) * self.scaling  # (B, H, t, k)
             logits = logits.masked_fill(~valid.unsqueeze(1), float("-inf"))
             weights = torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
             weights = weights.to(logits.dtype)  # (B, H, t, k); every query sees at least its own position
             context = torch.einsum("bhtk,btkc->bhtc", weights, picked_latent)  # (B, H, t, Dc)
-            outputs.append(torch.einsum("bhtc,hvc->bhtv", context, w_uv))  # (B, H, t, Dv): W^UV after attention
-        return torch.cat(outputs, dim=2)  # (B, H, T, Dv)
+            output[:, :, rows] = torch.einsum("bhtc,hvc->bhtv", context, w_uv)  # (B, H, t, Dv): W^UV after attention
+        return output
 
     def new_cache(self, batch_size, capacity):
         """An empty `IndexedLatentCache` for `batch_size` sequences of up to `capacity` positions, on the module's

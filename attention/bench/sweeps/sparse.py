@@ -64,10 +64,9 @@ class Config:
     num_heads: Annotated[int, POSITIVE] = 128
     index_n_heads: Annotated[int, POSITIVE] = 64
     top_k: Annotated[int, POSITIVE] = 2048
-    # Prompts stop at 8k by default. Longer ones (`--seq-lens`) need more than 24 GB: the gather form's profiled call
-    # (`core.measure`) keeps the profiler's record of every op of its query blocks, about 3 GB more at 8k (512 blocks),
-    # four times that at 16k; and a 32k prompt takes minutes a call in each form on 2 cores, five calls a row.
-    seq_lens: Annotated[tuple, list_of(POSITIVE, 16)] = (1024, 2048, 4096, 8192)
+    # A 32k prompt takes minutes a call on 2 cores (SDPA's about five, the gather form's about four) and a row makes
+    # about five calls: the longest of the profiles (`--seq-lens` picks fewer).
+    seq_lens: Annotated[tuple, list_of(POSITIVE, 16)] = (1024, 2048, 4096, 8192, 16384, 32768)
     contexts: Annotated[tuple, list_of(POSITIVE, 16)] = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
     mask_max_len: Annotated[int, POSITIVE] = 2048
     check_len: Annotated[int, POSITIVE] = 32
@@ -122,6 +121,11 @@ def visible_pairs(part, T):
     return T * (T + 1) // 2 if part == "prefill" else T + 1
 
 
+def queries_positions(part, T):
+    """`(queries, positions)` of a call: a prompt's `T` over `T`, a decode step's one over `T + 1`."""
+    return (1, T + 1) if part == "decode" else (T, T)
+
+
 def chosen_pairs(part, T, top_k):
     """Pairs DSA attends to: each query's visible positions, at most `top_k` of them."""
     if part == "decode":
@@ -161,14 +165,15 @@ def row_memory_bytes(row, element):
 
 def row_peak_bytes(row, element):
     """The most memory a row's call holds at once, about (its `part`, `kernel`, `batch`, `num_heads`, `index_n_heads`,
-    `seq_len`; elements of `element` bytes): its inputs (`core_inputs`), the cache's rows twice (the
-    gathered or concatenated copies), the queries folded into the latent (`(B, H, T, Dc)`; SDPA's a head group at a
-    time, `SDPA_GROUP_ELEMENTS`, five such tensors for a prompt's decompressed heads), the outputs twice (the blocks and their concatenation), and the dense paths' `(B, H,
-    T, S)` float32 scores four times over (logits, mask, softmax, its copy)."""
+    `seq_len`; elements of `element` bytes): its inputs (`core_inputs`), the cache's rows twice (the gathered or
+    concatenated copies), the queries folded into the latent (`(B, H, T, Dc)`; SDPA's a head group at a time,
+    `SDPA_GROUP_ELEMENTS`, five such tensors for a prompt's decompressed heads), the outputs twice (the groups and
+    their concatenation), and the dense paths' `(B, H, T, S)` float32 scores four times over (logits, mask, softmax,
+    its copy). The gather form holds less (its queries a block at a time): an upper bound there."""
     Dn, Dr, Dc, Dv, Di = (WIDTHS[name] for name in ("qk_nope_head_dim", "qk_rope_head_dim", "kv_lora_rank",
                                                     "v_head_dim", "index_head_dim"))
     B, H, Hi, T, kernel = row["batch"], row["num_heads"], row["index_n_heads"], row["seq_len"], row["kernel"]
-    queries, positions = (1, T + 1) if row["part"] == "decode" else (T, T)
+    queries, positions = queries_positions(row["part"], T)
     inputs = B * queries * (H * (Dn + Dr) + Hi * (Di + 1)) + B * positions * (Dc + Dr + Di)
     cache_copies = 2 * B * positions * (Dc + Dr + Di)
     sdpa_group = (5 if row["part"] == "prefill" else 3) * SDPA_GROUP_ELEMENTS
@@ -264,7 +269,7 @@ def sdpa_latent(module, q_nope, q_rope, latent, k_rope):
     (B, H, T, Dn), Dv, Dc = q_nope.shape, module.v_head_dim, module.kv_lora_rank
     w_kv = module.kv_b_proj.weight.view(H, Dn + Dv, Dc)  # (H, Dn+Dv, Dc)
     key = torch.cat([latent, k_rope], dim=-1)  # (B, 1, S, Dc+Dr): one K/V head for every query head
-    group = max(1, SDPA_GROUP_ELEMENTS // (q_nope.shape[0] * T * key.shape[-1]))  # heads whose queries fit at once
+    group = max(1, SDPA_GROUP_ELEMENTS // (B * T * key.shape[-1]))  # heads whose queries fit at once
     outputs = []
     for heads in [slice(first, first + group) for first in range(0, H, group)]:  # (B, h, T, Dc+Dr) queries at a time
         q = torch.cat([torch.einsum("bhtn,hnc->bhtc", q_nope[:, heads], w_kv[heads, :Dn]), q_rope[:, heads]], dim=-1)
@@ -326,7 +331,7 @@ def sparse_row(config, case, envelope, yardstick):
     decoding = part == "decode"
     if decoding:
         row["memory_bytes"] = row_memory_bytes(row, element)
-    queries, positions = (1, T + 1) if decoding else (T, T)
+    queries, positions = queries_positions(part, T)
     if kernel == "mask" and not decoding and T > config.mask_max_len:
         row.update(status="skipped", reason=f"past mask_max_len {config.mask_max_len}: its (B, H, T, T) scores are "
                                             "the dense absorbed path's and more")
