@@ -15,7 +15,7 @@ local layers (a window of 512 or 1,024 keys) and global layers, with QK-norm, an
   queries only and attend to the keys and values of the last earlier layer of their kind (`kv_sharing`: that layer
   "store"s them, the later ones "reuse" them), so they hold no cache at all: 20 of E2B's 35 layers.
 
-Two smaller changes: the scores are not scaled (`scaling` 1.0: the QK-norms set the scale), the norms multiply by
+Three smaller changes: the scores are not scaled (`scaling` 1.0: the QK-norms set the scale), the norms multiply by
 their weight (`x / rms(x) * weight`, weights starting at 1, where Gemma 2 and 3 stored `weight - 1`), and the global
 layers rotate only a quarter of each head (`"proportional"` RoPE: the first `partial_rotary_factor * head_dim / 2`
 pairs turn, at the frequencies they would have over the whole head; the rest keep frequency 0).
